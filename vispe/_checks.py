@@ -1,0 +1,69 @@
+"""Input checks shared by every module: one place that words the errors.
+
+Each check raises a ValueError naming the argument, the value given and what was expected.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+
+def positive_int(name: str, value, *, allow_zero: bool = False) -> int:
+    """Return ``value`` as an int, or raise if it is not a (strictly) positive integer."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        want = "a non-negative integer" if allow_zero else "a positive integer"
+        raise ValueError(f"{name}={value!r}: expected {want}")
+    return value
+
+
+def positive_float(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name}={value!r}: expected a positive number")
+    return float(value)
+
+
+def divisible(name: str, value: int, by: int, why: str = "") -> int:
+    positive_int(name, value)
+    if value % by:
+        extra = f" ({why})" if why else ""
+        raise ValueError(f"{name}={value}: expected a multiple of {by}{extra}")
+    return value
+
+
+def choice(name: str, value, choices: Iterable) -> object:
+    choices = tuple(choices)
+    if value not in choices:
+        raise ValueError(f"{name}={value!r}: expected one of {', '.join(map(repr, choices))}")
+    return value
+
+
+def grid_shape(name: str, value) -> tuple[int, int]:
+    """An (h, w) pair of positive ints (an int n means (n, n))."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value, value)
+    if not isinstance(value, Sequence) or len(value) != 2:
+        raise ValueError(f"{name}={value!r}: expected an (h, w) pair of positive integers")
+    h, w = (int(v) if isinstance(v, torch.SymInt) else v for v in value)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (h, w)):
+        raise ValueError(f"{name}={value!r}: expected an (h, w) pair of positive integers")
+    return h, w
+
+
+def mask_for(name: str, mask: torch.Tensor | None, shape: tuple[int, int]) -> torch.Tensor | None:
+    """A padding mask (B, h, w) of bools (True = padding) matching ``shape``, or None."""
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 3 or tuple(mask.shape[1:]) != tuple(shape):
+        got = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise ValueError(f"{name} has shape {got}: expected (B, {shape[0]}, {shape[1]}) (True = padding)")
+    if mask.dtype != torch.bool:
+        raise ValueError(f"{name} has dtype {mask.dtype}: expected torch.bool (True = padding)")
+    return mask
+
+
+def last_dim(name: str, tensor: torch.Tensor, size: int) -> torch.Tensor:
+    if tensor.shape[-1] != size:
+        raise ValueError(f"{name} has shape {tuple(tensor.shape)}: expected last dimension {size}")
+    return tensor

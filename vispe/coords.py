@@ -1,0 +1,98 @@
+"""Token coordinates, always as (y, x) in the last dimension.
+
+* ``grid_coords(h, w)``: every token of an h x w grid, row-major, ``(h*w, 2)``.
+* ``mask_coords(mask)``: DETR's positions counted over each image's valid area, ``(B, h, w, 2)``.
+* ``resize_mask(mask, shape)``: a pixel padding mask brought to the feature grid (nearest).
+* ``jitter_coords``: train-time shift / jitter augmentation of coordinates.
+
+Conventions are parameters, never implicit:
+
+``mode`` of ``grid_coords``
+    ``"index"``      0, 1, ..., h-1 (the integer index; DETR without normalisation counts 1..h)
+    ``"normalized"`` index / (h - 1), in [0, 1] (0 for a length-1 axis)
+    ``"centered"``   pixel centres in [-1, 1]: (index + 0.5) / h * 2 - 1 (DINOv3-style RoPE)
+    ``"pixel"``      pixel centre of a patch token: (index + 0.5) * patch_size
+``offset`` of ``mask_coords``
+    0.0 for DETR, -0.5 for Deformable DETR (applied to the cumulative count, before dividing).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from vispe import _checks
+
+GRID_MODES = ("index", "normalized", "centered", "pixel")
+
+
+def grid_coords(h: int, w: int, mode: str = "index", *, patch_size: float = 1.0,
+                device=None, dtype=torch.float32) -> torch.Tensor:
+    """Coordinates of the tokens of an (h, w) grid, row-major: ``out[i] = (y_i, x_i)``.  # (h*w, 2)"""
+    h, w = _checks.grid_shape("(h, w)", (h, w))
+    _checks.choice("mode", mode, GRID_MODES)
+    ys = _axis(h, mode, patch_size, device)  # (h,)
+    xs = _axis(w, mode, patch_size, device)  # (w,)
+    yy, xx = torch.meshgrid(ys, xs, indexing="ij")  # (h, w) each
+    return torch.stack([yy, xx], dim=-1).reshape(h * w, 2).to(dtype)  # (h*w, 2)
+
+
+def _axis(n: int, mode: str, patch_size: float, device) -> torch.Tensor:
+    i = torch.arange(n, device=device, dtype=torch.float32)  # (n,)
+    if mode == "index":
+        return i
+    if mode == "normalized":
+        return i / (n - 1) if n > 1 else torch.zeros_like(i)
+    if mode == "centered":
+        return (i + 0.5) / n * 2 - 1
+    return (i + 0.5) * patch_size  # pixel
+
+
+def mask_coords(mask: torch.Tensor, *, normalize: bool = True, scale: float = 2 * math.pi,
+                eps: float = 1e-6, offset: float = 0.0) -> torch.Tensor:
+    """DETR's cumulative-sum positions over the valid area of each image.  # (B, h, w, 2)
+
+    ``mask`` (B, h, w) is True at padding. The count starts at 1 on the first valid row/column.
+    With ``normalize``, ``(count + offset) / (count_of_last_valid + eps) * scale``, so the valid
+    area of every image spans (0, scale] whatever the padding: an image alone and the same image
+    padded in a batch get the same coordinates on their valid area.
+    """
+    if mask.dim() != 3 or mask.dtype != torch.bool:
+        raise ValueError(f"mask has shape {tuple(mask.shape)} and dtype {mask.dtype}: "
+                         "expected a (B, h, w) torch.bool tensor (True = padding)")
+    not_mask = (~mask).float()  # (B, h, w)
+    y = not_mask.cumsum(1)  # (B, h, w)
+    x = not_mask.cumsum(2)  # (B, h, w)
+    if normalize:
+        # The largest count of each column / row is its number of valid cells (padding is at the end
+        # for DETR-style batches; max also handles padding placed anywhere).
+        y = (y + offset) / (y.amax(1, keepdim=True) + eps) * scale
+        x = (x + offset) / (x.amax(2, keepdim=True) + eps) * scale
+    return torch.stack([y, x], dim=-1)  # (B, h, w, 2)
+
+
+def resize_mask(mask: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """Bring a pixel padding mask (B, H, W) to a feature grid (h, w), nearest, as DETR does."""
+    shape = _checks.grid_shape("shape", shape)
+    if mask.dim() != 3:
+        raise ValueError(f"mask has shape {tuple(mask.shape)}: expected (B, H, W)")
+    return F.interpolate(mask[:, None].float(), size=shape, mode="nearest")[:, 0].bool()  # (B, h, w)
+
+
+def jitter_coords(coords: torch.Tensor, *, shift: float = 0.0, jitter: float = 0.0,
+                  generator: torch.Generator | None = None) -> torch.Tensor:
+    """Train-time augmentation: one random shift per image plus per-token jitter.
+
+    ``coords`` (B, N, 2) or (N, 2); ``shift`` and ``jitter`` are maximal absolute offsets in the
+    units of ``coords`` (uniform). Returns a new tensor of the same shape.
+    """
+    if shift < 0 or jitter < 0:
+        raise ValueError(f"shift={shift}, jitter={jitter}: expected non-negative numbers")
+    out = coords
+    if shift:
+        lead = coords.shape[:-2] + (1, 2)
+        out = out + (torch.rand(lead, generator=generator, device=coords.device) * 2 - 1) * shift
+    if jitter:
+        out = out + (torch.rand(coords.shape, generator=generator, device=coords.device) * 2 - 1) * jitter
+    return out

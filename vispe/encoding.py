@@ -1,0 +1,121 @@
+"""The encoding contract: four families, one base class each.
+
+Every 2D encoding is an ``nn.Module`` with a class attribute ``family`` and a ``forward`` whose
+signature depends only on the family, so that models never special-case an encoding:
+
+==============  ===========================================================  =====================
+family          forward(...)                                                  returns
+==============  ===========================================================  =====================
+``additive``    ``(shape, mask=None, *, device, dtype)``                      ``(B|1, h*w, dim)``
+``rotary``      ``(shape, mask=None, *, device)``                             angles ``(B|1, heads|1, h*w, head_dim/2)`` float32
+``bias``        ``(shape, mask=None, *, device, dtype, q=None)``              ``(B|1, heads, P+h*w, P+h*w)``
+``conditional`` ``(x (B, C, h, w), mask=None)``                               ``(B, C, h, w)`` term to add
+``none``        anything                                                      ``None``
+==============  ===========================================================  =====================
+
+``shape`` is the token grid ``(h, w)``; ``mask`` is a padding mask ``(B, h, w)``, True = padding.
+Tokens are flattened row-major: token ``i`` sits at ``(y, x) = divmod(i, w)``.
+
+Prefix tokens (class, register), ``P = num_prefix_tokens``:
+
+* additive: the grid part is returned by ``forward``; ``prefix()`` returns the encoding's own
+  learned prefix vectors ``(1, P, dim)`` or ``None`` (prefix tokens then get no position).
+* rotary: prefix tokens are left unrotated (angle 0); the attention module prepends the zeros.
+* bias: the encoding owns learned per-head scalars for prefix-to-token, token-to-prefix and
+  prefix-to-prefix logits (BEiT's rule) and returns the full ``(P+N) x (P+N)`` bias.
+* conditional: works on the grid only; prefix tokens pass through unchanged.
+
+Grid change: every encoding accepts any ``(h, w)`` at run time (fixed tables recompute, learned
+tables resample, relative tables re-index or resize) or raises a ValueError that says why.
+``resize_(shape)`` makes a learned table's stored size ``shape`` permanently (load time).
+
+Numerics: tables and angles are computed in float32 on the target device, even under autocast,
+and cast to ``dtype`` at the end. Tables that do not learn live in a cache keyed by
+(h, w, device, dtype), never in the state_dict.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable, ClassVar
+
+import torch
+from torch import nn
+
+FAMILIES = ("additive", "rotary", "bias", "conditional", "none")
+
+
+class PositionEncoding(nn.Module):
+    """Base of every encoding. Subclasses set ``family`` and implement ``forward``."""
+
+    family: ClassVar[str] = "none"
+    registry_name: ClassVar[str] = ""
+    #: whether positions are counted over each image's valid (unpadded) area when a mask is given
+    mask_aware: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cache: OrderedDict = OrderedDict()
+
+    def cached(self, key: tuple, fn: Callable[[], torch.Tensor], max_items: int = 16) -> torch.Tensor:
+        """Memoise a table that does not learn, keyed by ``key`` (include h, w, device, dtype).
+
+        Only for tables that do not learn: a learned table must be recomputed every step.
+        """
+        if torch.compiler.is_compiling():
+            return fn()
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        value = fn()
+        self._cache[key] = value
+        while len(self._cache) > max_items:
+            self._cache.popitem(last=False)
+        return value
+
+    def _apply(self, fn, recurse=True):  # .to(), .cuda(), .half(): drop cached tables
+        self._cache.clear()
+        return super()._apply(fn, recurse)
+
+    def train(self, mode: bool = True):
+        self._cache.clear()
+        return super().train(mode)
+
+    def resize_(self, shape: tuple[int, int]) -> "PositionEncoding":
+        """Make stored tables fit grid ``shape``; fixed encodings have nothing to do."""
+        return self
+
+    def extra_repr(self) -> str:
+        return f"family={self.family}"
+
+
+class AdditiveEncoding(PositionEncoding):
+    family = "additive"
+    dim: int
+
+    def prefix(self, *, device=None, dtype=None) -> torch.Tensor | None:  # (1, P, dim) or None
+        return None
+
+
+class RotaryEncoding(PositionEncoding):
+    family = "rotary"
+    head_dim: int
+    num_heads: int
+    #: how q/k channels are paired: "half" (rotate-half, GPT-NeoX/EVA/timm) or "interleaved" (RoFormer)
+    layout: str = "half"
+
+
+class BiasEncoding(PositionEncoding):
+    family = "bias"
+    num_heads: int
+    num_prefix_tokens: int = 0
+    #: a contextual bias depends on the queries: forward is then called with ``q`` (B, heads, L, d)
+    contextual: bool = False
+
+
+class ConditionalEncoding(PositionEncoding):
+    family = "conditional"
+    dim: int
+
+
+def as_device(device) -> torch.device:
+    return torch.device(device) if device is not None else torch.device("cpu")
