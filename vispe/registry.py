@@ -5,6 +5,7 @@ A new encoding is one file plus one line: ``@register("name")`` on its class.
 from __future__ import annotations
 
 import difflib
+import inspect
 
 _REGISTRY: dict[str, type] = {}
 
@@ -39,7 +40,23 @@ def get(name: str) -> type:
 
 def build(name: str, **kwargs):
     """Instantiate the encoding registered under ``name`` with ``kwargs``."""
-    return get(name)(**kwargs)
+    cls = get(name)
+    try:
+        return cls(**kwargs)
+    except TypeError as e:  # an unknown keyword: say which encoding and what it takes
+        params = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "args", "kwargs")]
+        raise ValueError(f"encoding {name!r}: {e}; it takes: {', '.join(params)}") from e
+
+
+def build_in(name: str, context: dict, **kwargs):
+    """Build ``name`` for a model: ``context`` (dim, num_heads, head_dim, grid, num_prefix_tokens...)
+    is passed only where the encoding's constructor takes that argument; ``kwargs`` always are
+    (user settings, never dropped) and override the context.
+    """
+    params = inspect.signature(get(name).__init__).parameters
+    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    ctx = {k: v for k, v in context.items() if takes_all or k in params}
+    return build(name, **{**ctx, **kwargs})
 
 
 def available(family: str | None = None) -> list[str]:

@@ -1,0 +1,275 @@
+"""Any vispe encoding inside a timm ``VisionTransformer``.
+
+    model = create_vit("vit_cifar", pe="rope_mixed", img_size=32, patch_size=4, num_classes=10)
+    model = convert_vit(timm.create_model("vit_small_patch16_224"), pe="rope_axial")
+
+Built on timm's own ``VisionTransformer`` through its public knobs (``pos_embed='none'``,
+``attn_layer``, ``block_fn``, ``dynamic_img_size``); only the token loop is vispe's, because
+each attention layer must be told where the tokens are (a ``PosContext``).
+
+Where each family goes (one rule per family, tested):
+
+* additive: one module ``model.pe``; added to the patch tokens at the input (``pe_at="input"``,
+  ViT) or to q and k in every layer (``pe_at="every_block"``, DETR). Prefix (class, register)
+  tokens get the encoding's own learned prefix vectors if it has them (``learned_abs``), else none.
+* rotary: one encoding per layer (``blocks[i].attn.pe``); prefix tokens stay unrotated.
+* bias: one encoding per layer; prefix rows/columns are the encoding's learned scalars.
+* conditional (PEG): ``model.pe`` applied to the grid tokens after the blocks in ``peg_blocks``
+  (CPVT: after the first); prefix tokens pass through.
+* none: no position at all (the model is then permutation-equivariant over patches).
+
+Any image size divisible by the patch size runs (fixed tables recompute, learned ones resample,
+relative ones resize). ``learned_abs`` keeps timm's ``pos_embed`` key, so timm checkpoints load.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from timm.layers import Format
+from timm.models.vision_transformer import Block, VisionTransformer
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from vispe import _checks
+from vispe.attention import Attention, PosContext
+from vispe.coords import resize_mask
+from vispe.registry import build_in, get
+
+#: small ViTs for CIFAR-sized images, by name (timm names work too)
+PRESETS = {
+    "vit_pico": dict(embed_dim=64, depth=4, num_heads=4),
+    "vit_nano": dict(embed_dim=96, depth=6, num_heads=3),
+    "vit_cifar": dict(embed_dim=192, depth=6, num_heads=3),
+    "vit_tiny": dict(embed_dim=192, depth=12, num_heads=3),
+    "vit_small": dict(embed_dim=384, depth=12, num_heads=6),
+}
+PE_AT = ("input", "every_block")
+
+
+class VispeBlock(Block):
+    """timm's Block whose attention is told where the tokens are (``ctx``)."""
+
+    def forward(self, x, attn_mask=None, is_causal=False, ctx: PosContext | None = None):
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask=attn_mask, is_causal=is_causal, ctx=ctx)))
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return x
+
+
+class VispeViT(VisionTransformer):
+    """timm VisionTransformer with a vispe encoding (see the module docstring)."""
+
+    def __init__(self, *, pe: str = "learned_abs", pe_kwargs: dict | None = None, pe_at: str = "input",
+                 peg_blocks: tuple[int, ...] = (0,), **timm_kwargs) -> None:
+        for key, want in (("pos_embed", "none"), ("dynamic_img_size", True)):
+            if key in timm_kwargs and timm_kwargs[key] != want:
+                raise ValueError(f"{key}={timm_kwargs[key]!r}: vispe sets it to {want!r} (choose the encoding with pe=...)")
+        timm_kwargs.update(pos_embed="none", dynamic_img_size=True, attn_layer=Attention, block_fn=VispeBlock)
+        super().__init__(**timm_kwargs)
+        self.setup_pe(pe, pe_kwargs or {}, pe_at=pe_at, peg_blocks=peg_blocks)
+
+    # --- encoding set-up -------------------------------------------------------------------
+    def setup_pe(self, pe: str, pe_kwargs: dict, *, pe_at: str = "input", peg_blocks=(0,)) -> None:
+        family = get(pe).family
+        self.pe_name, self.pe_family, self.pe_kwargs = pe, family, dict(pe_kwargs)
+        self.pe_at = _checks.choice("pe_at", pe_at, PE_AT)
+        if pe_at == "every_block" and family != "additive":
+            raise ValueError(f"pe_at='every_block' applies to additive encodings; {pe!r} is {family}")
+        self.peg_blocks = tuple(peg_blocks)
+        for i in self.peg_blocks:
+            if not 0 <= i < len(self.blocks):
+                raise ValueError(f"peg_blocks={peg_blocks!r}: expected block indices in [0, {len(self.blocks)})")
+        if family in ("rotary", "bias", "conditional") or pe_at == "every_block":
+            if not isinstance(self.patch_drop, nn.Identity):
+                raise ValueError(f"patch_drop_rate > 0 drops tokens, which {pe!r} ({family}) needs in place")
+        grid = tuple(self.patch_embed.grid_size)
+        heads = self.blocks[0].attn.num_heads
+        context = dict(dim=self.embed_dim, num_heads=heads, head_dim=self.embed_dim // heads, grid=grid,
+                       num_prefix_tokens=self.num_prefix_tokens)
+        self.pe = None
+        for blk in self.blocks:
+            blk.attn.set_pe(None)
+        if family in ("additive", "conditional"):
+            self.pe = build_in(pe, context, **pe_kwargs)
+        elif family in ("rotary", "bias"):
+            for blk in self.blocks:
+                blk.attn.set_pe(build_in(pe, context, **pe_kwargs))
+        elif pe_kwargs:
+            raise ValueError(f"pe_kwargs={pe_kwargs!r}: the encoding {pe!r} takes no settings")
+
+    def no_weight_decay(self) -> set[str]:
+        """timm's set plus every parameter of the encodings (tables, frequencies, prefix vectors)."""
+        names = {n for n, _ in self.named_parameters() if n.startswith("pe.") or ".attn.pe." in n}
+        return set(super().no_weight_decay()) | names
+
+    # --- the token loop ------------------------------------------------------------------------
+    def _tokens(self, x: torch.Tensor, mask: torch.Tensor | None):
+        """Patch-embed, add the input encoding and the prefix tokens; return tokens and context."""
+        B, _, H, W = x.shape
+        ps = self.patch_embed.patch_size
+        if H % ps[0] or W % ps[1]:
+            raise ValueError(f"image size (H, W)=({H}, {W}): expected multiples of the patch size {tuple(ps)}")
+        h, w = H // ps[0], W // ps[1]
+        x = self.patch_embed(x).reshape(B, h * w, -1)  # (B, N, C)
+        grid_mask = None
+        if mask is not None:
+            _checks.mask_for("mask", mask, (H, W))
+            grid_mask = resize_mask(mask, (h, w))  # (B, h, w)
+        prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+        prefix = torch.cat(prefix, dim=1) if prefix else x[:, :0]  # (B, P, C)
+        pos = None
+        if self.pe_family == "additive":
+            code = self.pe((h, w), grid_mask, device=x.device, dtype=x.dtype)  # (B|1, N, C)
+            pre = self.pe.prefix(device=x.device, dtype=x.dtype)  # (1, P, C) or None
+            if pre is not None and pre.shape[1] != self.num_prefix_tokens:
+                raise ValueError(f"the encoding has {pre.shape[1]} prefix vectors: expected {self.num_prefix_tokens}")
+            if self.pe_at == "input":
+                x = x + code
+                prefix = prefix if pre is None else prefix + pre
+            else:
+                pre = pre if pre is not None else code.new_zeros(1, self.num_prefix_tokens, code.shape[-1])
+                pos = torch.cat([pre.expand(code.shape[0], -1, -1), code], dim=1)  # (B|1, P+N, C)
+        x = torch.cat([prefix, x], dim=1)  # (B, P+N, C)
+        x = self.norm_pre(self.patch_drop(self.pos_drop(x)))
+        return x, PosContext((h, w), self.num_prefix_tokens, grid_mask, pos)
+
+    def _run_block(self, i: int, x: torch.Tensor, ctx: PosContext) -> torch.Tensor:
+        blk = self.blocks[i]
+        if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
+            x = checkpoint(blk, x, None, False, ctx, use_reentrant=False)
+        else:
+            x = blk(x, ctx=ctx)
+        if self.pe_family == "conditional" and i in self.peg_blocks:
+            x = self._apply_peg(x, ctx)
+        return x
+
+    def _apply_peg(self, x: torch.Tensor, ctx: PosContext) -> torch.Tensor:
+        P, (h, w) = ctx.num_prefix_tokens, ctx.shape
+        grid = x[:, P:].transpose(1, 2).reshape(x.shape[0], -1, h, w)  # (B, C, h, w)
+        grid = grid + self.pe(grid, ctx.mask)
+        return torch.cat([x[:, :P], grid.flatten(2).transpose(1, 2)], dim=1)  # (B, P+N, C)
+
+    def forward_tokens(self, x: torch.Tensor, mask: torch.Tensor | None = None):
+        """Images (B, C, H, W) [+ padding mask (B, H, W), True = padding] -> (tokens (B, P+N, C), ctx)."""
+        x, ctx = self._tokens(x, mask)
+        for i in range(len(self.blocks)):
+            x = self._run_block(i, x, ctx)
+        return self.norm(x), ctx
+
+    def forward_features(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.forward_tokens(x, mask)[0]
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """timm's head; with a grid padding mask (B, h, w), average pooling skips padded tokens."""
+        if mask is None or self.global_pool != "avg" or self.attn_pool is not None:
+            return super().forward_head(x, pre_logits=pre_logits)
+        keep = (~mask).flatten(1).to(x.dtype)[..., None]  # (B, N, 1)
+        x = (x[:, self.num_prefix_tokens:] * keep).sum(1) / keep.sum(1).clamp(min=1)  # (B, C)
+        x = self.head_drop(self.fc_norm(x))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x, ctx = self.forward_tokens(x, mask)
+        return self.forward_head(x, mask=ctx.mask)
+
+    def forward_intermediates(self, x: torch.Tensor, indices=None, return_prefix_tokens: bool = False,
+                              norm: bool = False, stop_early: bool = False, output_fmt: str = "NCHW",
+                              intermediates_only: bool = False, mask: torch.Tensor | None = None):
+        """timm's ``forward_intermediates`` (block outputs), with the encoding applied in every block."""
+        from timm.models._features import feature_take_indices
+
+        _checks.choice("output_fmt", output_fmt, ("NCHW", "NLC"))
+        take, max_index = feature_take_indices(len(self.blocks), indices)
+        B = x.shape[0]
+        x, ctx = self._tokens(x, mask)
+        outs = []
+        last = max_index if stop_early else len(self.blocks) - 1
+        for i in range(last + 1):
+            x = self._run_block(i, x, ctx)
+            if i in take:
+                outs.append(self.norm(x) if norm else x)
+        P, (h, w) = self.num_prefix_tokens, ctx.shape
+        prefix = [y[:, :P] for y in outs]
+        outs = [y[:, P:] for y in outs]
+        if output_fmt == "NCHW":
+            outs = [y.reshape(B, h, w, -1).permute(0, 3, 1, 2).contiguous() for y in outs]
+        if return_prefix_tokens and P:
+            outs = list(zip(outs, prefix))
+        if intermediates_only:
+            return outs
+        return self.norm(x), outs
+
+
+def create_vit(name: str = "vit_cifar", *, pe: str = "learned_abs", img_size=32, patch_size: int = 4,
+               num_classes: int = 10, in_chans: int = 3, pe_kwargs: dict | None = None, pe_at: str = "input",
+               peg_blocks: tuple[int, ...] = (0,), **timm_kwargs) -> VispeViT:
+    """A ViT with encoding ``pe``: ``name`` is a vispe preset (``PRESETS``) or a timm ViT name.
+
+    ``timm_kwargs`` (embed_dim, depth, num_heads, class_token, reg_tokens, global_pool, ...)
+    override the preset and go to timm's ``VisionTransformer``.
+    """
+    h, w = _checks.grid_shape("img_size", img_size)
+    _checks.positive_int("patch_size", patch_size)
+    if h % patch_size or w % patch_size:
+        raise ValueError(f"img_size={img_size!r}: expected multiples of patch_size={patch_size}")
+    if name in PRESETS:
+        args = dict(PRESETS[name])
+    else:
+        args = _timm_args(name)
+    args.update(img_size=(h, w), patch_size=patch_size, num_classes=num_classes, in_chans=in_chans)
+    args.update(timm_kwargs)
+    dim, heads = args.get("embed_dim", 768), args.get("num_heads", 12)
+    if dim % heads:
+        raise ValueError(f"embed_dim={dim}: expected a multiple of num_heads={heads}")
+    return VispeViT(pe=pe, pe_kwargs=pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks, **args)
+
+
+def _timm_args(name: str) -> dict:
+    """The VisionTransformer arguments of a registered timm ViT (read off its entry point)."""
+    import timm
+
+    if not timm.is_model(name) or not name.startswith(("vit_", "deit", "eva", "beit")):
+        raise ValueError(f"name={name!r}: expected a vispe preset ({', '.join(PRESETS)}) or a timm ViT name")
+    with torch.device("meta"):
+        ref = timm.create_model(name, pretrained=False)
+    if type(ref) is not VisionTransformer:
+        raise ValueError(f"name={name!r} builds a {type(ref).__name__}: expected a timm VisionTransformer")
+    blk = ref.blocks[0]
+    return dict(embed_dim=ref.embed_dim, depth=len(ref.blocks), num_heads=blk.attn.num_heads,
+                mlp_ratio=blk.mlp.fc1.out_features / ref.embed_dim, qkv_bias=blk.attn.qkv.bias is not None,
+                class_token=ref.cls_token is not None, reg_tokens=ref.num_reg_tokens,
+                no_embed_class=ref.no_embed_class, global_pool=ref.global_pool,
+                fc_norm=not isinstance(ref.fc_norm, nn.Identity) if ref.global_pool == "avg" else None)
+
+
+def convert_vit(model: VisionTransformer, pe: str = "learned_abs", *, pe_kwargs: dict | None = None,
+                pe_at: str = "input", peg_blocks: tuple[int, ...] = (0,)) -> VispeViT:
+    """Give an existing timm ``VisionTransformer`` a vispe encoding, in place (weights kept).
+
+    Its blocks and attention layers become vispe's subclasses (no new weights), the image size
+    becomes dynamic, and its ``pos_embed`` becomes the ``learned_abs`` table if ``pe="learned_abs"``
+    (dropped otherwise). Only plain timm ViTs (``Block`` + ``Attention``) are accepted.
+    """
+    from timm.layers import Attention as TimmAttention
+
+    if type(model) is not VisionTransformer:
+        raise ValueError(f"model is a {type(model).__name__}: expected a timm VisionTransformer")
+    for i, blk in enumerate(model.blocks):
+        if type(blk) is not Block or type(blk.attn) is not TimmAttention or blk.attn.gate is not None:
+            raise ValueError(f"model.blocks[{i}] is a {type(blk).__name__} with {type(blk.attn).__name__}: "
+                             "expected timm's Block with its plain (ungated) Attention")
+    old_pos = model.pos_embed
+    old_grid = tuple(model.patch_embed.grid_size)
+    for blk in model.blocks:
+        blk.__class__ = VispeBlock
+        blk.attn.__class__ = Attention
+        blk.attn.pe = None
+    model.__class__ = VispeViT
+    model.pos_embed = None
+    model.dynamic_img_size = True
+    model.patch_embed.strict_img_size = False
+    if model.patch_embed.output_fmt == Format.NCHW and not model.patch_embed.flatten:
+        model.patch_embed.flatten = True
+    model.setup_pe(pe, pe_kwargs or {}, pe_at=pe_at, peg_blocks=peg_blocks)
+    if old_pos is not None and pe == "learned_abs":
+        model.load_pos_embed(old_pos.detach(), old_grid)
+    return model
