@@ -1,0 +1,43 @@
+"""Shared helpers: build any registered encoding for a small model and run it through attention."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vispe
+from vispe.attention import Attention, PosContext
+from vispe.registry import build_in
+
+DIM, HEADS = 16, 2
+
+
+def model_context(grid=(4, 4), num_prefix_tokens=0, dim=DIM, heads=HEADS) -> dict:
+    """What a model tells every encoding it builds (each takes the names it needs)."""
+    return dict(dim=dim, num_heads=heads, head_dim=dim // heads, grid=grid, num_prefix_tokens=num_prefix_tokens)
+
+
+def build_for_test(name: str, **kw):
+    torch.manual_seed(0)
+    ctx = model_context(**{k: kw.pop(k) for k in list(kw) if k in ("grid", "num_prefix_tokens", "dim", "heads")})
+    return build_in(name, ctx, **kw)
+
+
+def attend(pe, x: torch.Tensor, shape, mask=None, num_prefix_tokens: int = 0) -> torch.Tensor:
+    """Tokens (B, P+h*w, C) through one attention layer with encoding ``pe`` of any family."""
+    fam = pe.family
+    attn = Attention(x.shape[-1], HEADS, qkv_bias=True, pe=pe if fam in ("rotary", "bias") else None)
+    P = num_prefix_tokens
+    if fam == "additive":
+        code = pe(shape, mask, device=x.device, dtype=x.dtype)  # (B|1, N, C)
+        x = torch.cat([x[:, :P], x[:, P:] + code], dim=1)
+    elif fam == "conditional":
+        B, C = x.shape[0], x.shape[-1]
+        g = x[:, P:].transpose(1, 2).reshape(B, C, *shape)
+        g = g + pe(g, mask)
+        x = torch.cat([x[:, :P], g.flatten(2).transpose(1, 2)], dim=1)
+    return attn(x, ctx=PosContext(tuple(shape), P, mask))
+
+
+@pytest.fixture(params=vispe.available())
+def encoding_name(request):
+    return request.param

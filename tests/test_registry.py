@@ -1,0 +1,144 @@
+"""Properties every registered encoding must have, whatever its family (issue: one contract)."""
+import pytest
+import torch
+
+import vispe
+from vispe.encoding import FAMILIES
+from conftest import DIM, attend, build_for_test
+
+GRIDS = [(1, 1), (3, 5), (5, 3), (32, 32)]
+
+
+def test_registry_lists_names_and_refuses_unknown_ones():
+    names = vispe.available()
+    for expected in ("none", "sine", "learned_abs", "learned_rowcol", "rope_axial", "rope_mixed", "relbias", "peg"):
+        assert expected in names
+    with pytest.raises(ValueError, match="unknown encoding 'rope_axail'.*did you mean rope_axial"):
+        vispe.build("rope_axail")
+    with pytest.raises(ValueError, match="known encodings: .*sine"):
+        vispe.build("nope")
+    assert set(vispe.available("rotary")) >= {"rope_axial", "rope_mixed"}
+
+
+def test_duplicate_registration_is_refused():
+    from vispe.registry import register
+
+    with pytest.raises(ValueError, match="already registered"):
+        register("sine")(type("Other", (vispe.AdditiveEncoding,), {}))
+
+
+def test_unknown_setting_is_refused_with_the_encoding_name():
+    with pytest.raises(ValueError, match="encoding 'sine'.*takes"):
+        vispe.build("sine", dim=16, temprature=10)
+
+
+def test_every_encoding_declares_a_family(encoding_name):
+    assert vispe.family_of(encoding_name) in FAMILIES
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+def test_forward_backward_through_attention_without_nan(encoding_name, grid):
+    pe = build_for_test(encoding_name, grid=(4, 4), num_prefix_tokens=1)
+    P, N = 1, grid[0] * grid[1]
+    x = torch.randn(2, P + N, DIM, requires_grad=True)
+    out = attend(pe, x, grid, num_prefix_tokens=P)
+    assert out.shape == x.shape and torch.isfinite(out).all()
+    out.square().mean().backward()
+    assert torch.isfinite(x.grad).all()
+    for name, p in pe.named_parameters():
+        assert p.grad is None or torch.isfinite(p.grad).all(), name
+
+
+def test_all_padding_rows_and_images_give_no_nan(encoding_name):
+    pe = build_for_test(encoding_name, grid=(4, 4))
+    shape = (4, 6)
+    mask = torch.zeros(3, *shape, dtype=torch.bool)
+    mask[0, 2:] = True  # padded bottom rows
+    mask[1, :, 3:] = True  # padded right columns
+    mask[2] = True  # an image that is all padding
+    x = torch.randn(3, 24, DIM, requires_grad=True)
+    out = attend(pe, x, shape, mask)
+    assert torch.isfinite(out).all()
+    out.sum().backward()
+    assert torch.isfinite(x.grad).all()
+
+
+def test_state_dict_holds_only_learned_tensors_and_round_trips(encoding_name):
+    pe = build_for_test(encoding_name, grid=(4, 4), num_prefix_tokens=1)
+    sd = pe.state_dict()
+    params = dict(pe.named_parameters())
+    assert set(sd) == set(params), f"fixed tensors in the state_dict: {set(sd) - set(params)}"
+    torch.manual_seed(123)
+    other = build_for_test(encoding_name, grid=(4, 4), num_prefix_tokens=1)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn_like(p))
+    other.load_state_dict(sd)
+    x = torch.randn(1, 1 + 12, DIM)
+    torch.manual_seed(0)
+    a = attend(pe, x, (3, 4), num_prefix_tokens=1)
+    torch.manual_seed(0)
+    b = attend(other, x, (3, 4), num_prefix_tokens=1)
+    torch.testing.assert_close(a, b)
+
+
+def _encode(pe, shape, x_grid):
+    fam = pe.family
+    if fam == "additive":
+        return pe(shape, None, dtype=torch.float32)
+    if fam == "rotary":
+        return pe(shape, None)
+    if fam == "bias":
+        q = torch.randn(1, pe.num_heads, pe.num_prefix_tokens + shape[0] * shape[1], DIM // pe.num_heads)
+        return pe(shape, None, dtype=torch.float32, **({"q": q} if pe.contextual else {}))
+    if fam == "conditional":
+        return pe(x_grid, None)
+    return None
+
+
+def test_float32_and_bfloat16_autocast_agree(encoding_name):
+    """Tables and angles are computed in float32 even under autocast (flash-attention#823)."""
+    pe = build_for_test(encoding_name, grid=(6, 10)).eval()
+    shape = (6, 10)
+    x_grid = torch.randn(1, DIM, *shape)
+    torch.manual_seed(0)
+    ref = _encode(pe, shape, x_grid)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.manual_seed(0)
+        low = _encode(pe, shape, x_grid)
+    if ref is None:
+        assert low is None
+        return
+    if pe.family == "rotary":
+        assert low.dtype == torch.float32
+        torch.testing.assert_close(low, ref)
+    else:
+        # the encoding may be returned in bf16, but must be the float32 result rounded once
+        torch.testing.assert_close(low.float(), ref, rtol=1.6e-2, atol=1e-2)
+
+
+def test_runs_at_a_grid_other_than_its_own(encoding_name):
+    pe = build_for_test(encoding_name, grid=(4, 4))
+    for shape in [(4, 4), (6, 3), (2, 7)]:
+        x = torch.randn(1, shape[0] * shape[1], DIM)
+        assert torch.isfinite(attend(pe, x, shape)).all()
+
+
+def test_mask_aware_encodings_are_batch_invariant(encoding_name):
+    """An image alone and the same image padded in a batch get the same code on its valid area."""
+    pe = build_for_test(encoding_name, grid=(4, 4))
+    if not pe.mask_aware:
+        pytest.skip(f"{encoding_name} is not mask-aware")
+    small, big = (3, 4), (5, 7)
+    mask = torch.zeros(2, *big, dtype=torch.bool)
+    mask[0, small[0]:] = True
+    mask[0, :, small[1]:] = True
+    if pe.family == "conditional":
+        pytest.skip("conditional encodings are checked in their own tests")
+    alone = _encode(pe, small, None) if pe.family != "bias" else pe(small, torch.zeros(1, *small, dtype=torch.bool))
+    if pe.family == "additive":
+        padded = pe(big, mask, dtype=torch.float32)[0].view(*big, -1)[: small[0], : small[1]]
+        torch.testing.assert_close(padded.reshape(-1, padded.shape[-1]), alone[0])
+    elif pe.family == "rotary":
+        padded = pe(big, mask)[0].view(alone.shape[1], *big, -1)[:, : small[0], : small[1]]
+        torch.testing.assert_close(padded.reshape(alone.shape[1], -1, alone.shape[-1]), alone[0])
