@@ -1,0 +1,117 @@
+"""Shared plumbing of the additive image encodings (private): inputs, coordinates, prefix, output.
+
+* ``AdditiveBase``: checks ``shape`` / ``mask`` / ``device`` / ``dtype`` the same way for every
+  additive encoding, owns the optional learned prefix vectors (``num_prefix_tokens``) and turns a
+  float32 table ``(1|B, h*w, dim)`` into the contract's output (expanded to B when a mask is given,
+  cast to ``dtype`` at the very end).
+* ``axis_positions``: per-axis token positions of a grid or of each image's valid area.
+* ``float32_math``: a context that turns autocast off, so tables are computed in float32.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from vispe import _checks
+from vispe.coords import mask_coords
+from vispe.encoding import AdditiveEncoding, as_device
+
+#: coordinate conventions of ``axis_positions`` (a subset of ``vispe.coords.GRID_MODES``)
+COORD_MODES = ("index", "normalized", "centered")
+
+
+def float32_math(device: torch.device):
+    """Autocast off on ``device`` (inside it a matmul or interpolate stays in float32)."""
+    try:
+        return torch.autocast(device.type, enabled=False)
+    except RuntimeError:  # a device type autocast does not know: nothing to turn off
+        return contextlib.nullcontext()
+
+
+def _from_count(count: torch.Tensor, n: torch.Tensor, mode: str) -> torch.Tensor:
+    """Position of the cell counted ``count`` (1..n) on an axis of ``n`` valid cells."""
+    if mode == "index":
+        return count - 1  # 0..n-1
+    if mode == "normalized":
+        return (count - 1) / (n - 1).clamp(min=1)  # [0, 1], 0 for n = 1
+    return (count - 0.5) / n.clamp(min=1) * 2 - 1  # centered: pixel centres in [-1, 1]
+
+
+def axis_positions(shape: tuple[int, int], mask: torch.Tensor | None, mode: str, *,
+                   mask_aware: bool, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 positions ``(py, px)`` of the tokens along y and along x, broadcastable to (B, h, w).
+
+    Without a mask (or when not ``mask_aware``): ``py`` is (1, h, 1), ``px`` is (1, 1, w), the
+    ``vispe.coords.grid_coords`` convention ``mode``. With a mask and ``mask_aware``: both are
+    (B, h, w), counted over each image's valid area with ``vispe.coords.mask_coords`` (DETR's
+    cumulative count), then brought to ``mode`` with that area's size, so an image alone and the
+    same image padded in a batch get the same positions on their valid area. Padding cells get
+    finite positions (the last valid count; 0 or -1 on all-padding rows), never NaN.
+    """
+    h, w = shape
+    if mask is None or not mask_aware:
+        ys = torch.arange(h, device=device, dtype=torch.float32)  # (h,)
+        xs = torch.arange(w, device=device, dtype=torch.float32)  # (w,)
+        py = _from_count(ys + 1, torch.tensor(float(h), device=device), mode)  # (h,)
+        px = _from_count(xs + 1, torch.tensor(float(w), device=device), mode)  # (w,)
+        return py.view(1, h, 1), px.view(1, 1, w)
+    counts = mask_coords(mask.to(device), normalize=False)  # (B, h, w, 2) as (y, x), 1..n
+    cy, cx = counts.unbind(-1)  # (B, h, w) each
+    ny = cy.amax(1, keepdim=True)  # (B, 1, w) valid cells of each column
+    nx = cx.amax(2, keepdim=True)  # (B, h, 1) valid cells of each row
+    return _from_count(cy, ny, mode), _from_count(cx, nx, mode)  # (B, h, w) each
+
+
+class AdditiveBase(AdditiveEncoding):
+    """Base of vispe's additive image encodings: common checks, prefix vectors, output.
+
+    ``num_prefix_tokens`` P > 0 gives the encoding P learned prefix vectors ``(1, P, dim)``
+    (truncated normal, std 0.02, as timm's ``cls_token`` position), returned by ``prefix()``;
+    with P = 0 ``prefix()`` is None and prefix tokens get no position.
+    """
+
+    def __init__(self, dim: int, num_prefix_tokens: int = 0) -> None:
+        super().__init__()
+        self.dim = _checks.positive_int("dim", dim)
+        self.num_prefix_tokens = _checks.positive_int("num_prefix_tokens", num_prefix_tokens, allow_zero=True)
+        self.prefix_embed = None
+        if num_prefix_tokens:
+            self.prefix_embed = nn.Parameter(torch.zeros(1, num_prefix_tokens, dim))  # (1, P, dim)
+            nn.init.trunc_normal_(self.prefix_embed, std=0.02)
+
+    def prefix(self, *, device=None, dtype=None) -> torch.Tensor | None:  # (1, P, dim) or None
+        if self.prefix_embed is None:
+            return None
+        return self.prefix_embed.to(device=device or self.prefix_embed.device,
+                                    dtype=dtype or self.prefix_embed.dtype)
+
+    def _inputs(self, shape, mask, device, dtype, default_dtype=torch.float32):
+        """Checked ``(h, w), mask, device, dtype`` of a forward call."""
+        shape = _checks.grid_shape("shape", shape)
+        mask = _checks.mask_for("mask", mask, shape)
+        if device is None:
+            device = mask.device if mask is not None else default_device(self)
+        device = as_device(device)
+        if dtype is None:
+            dtype = default_dtype
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ValueError(f"dtype={dtype!r}: expected a floating torch.dtype")
+        return shape, mask, device, dtype
+
+    @staticmethod
+    def _output(table: torch.Tensor, mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+        """A float32 table (1|B, N, C) as the contract's output: B rows when a mask is given."""
+        if mask is not None and table.shape[0] != mask.shape[0]:
+            table = table.expand(mask.shape[0], -1, -1)  # (B, N, C)
+        return table.to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, num_prefix_tokens={self.num_prefix_tokens}"
+
+
+def default_device(module: nn.Module) -> torch.device:
+    """The device of the module's first parameter, else CPU."""
+    p = next(module.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")

@@ -1,0 +1,100 @@
+"""ViT's learned absolute table over the whole grid (Dosovitskiy et al., 2021, "An Image is Worth
+16x16 Words"; DeiT's resampling at fine-tuning resolution).
+
+One learned vector per grid cell, ``PE(y, x) = E[y * w + x]``, stored as ``(1, h*w, dim)`` for the
+grid ``grid = (h, w)`` it was built for, initialised as timm: ``trunc_normal_(std=0.02)`` (whose
+default bounds, +-2, are absolute, so in effect a normal of std 0.02).
+Prefix tokens (class, register): ``num_prefix_tokens`` own learned vectors ``(1, P, dim)``.
+
+Grid change (square or not): the table is reshaped to (dim, h, w) and resampled to the target
+SIZE with ``timm.layers.resample_abs_pos_embed`` (never a scale factor: pytorch#96236),
+``interpolation`` "bicubic" (default, DeiT/timm) or "bilinear", antialiased when it shrinks along
+an axis (``antialias``; torch's antialiased bicubic uses another kernel, so it is not used when
+only growing). The same size returns the table itself (exact identity). ``overflow="error"``
+refuses a grid larger than ``grid`` along an axis with a ValueError. At run time the resampled table is
+recomputed every call (it learns); ``resize_((h, w))`` rewrites the parameter at load time.
+
+Padding mask: not mask-aware (the table is indexed by grid cell). Output ``(B|1, h*w, dim)``.
+"""
+from __future__ import annotations
+
+import torch
+from timm.layers import resample_abs_pos_embed
+from torch import nn
+
+from vispe import _checks
+from vispe.image._additive import AdditiveBase, float32_math
+from vispe.registry import register
+
+INTERPOLATIONS = ("bicubic", "bilinear")
+
+
+def resample_grid_table(table: torch.Tensor, old: tuple[int, int], new: tuple[int, int], *,
+                        interpolation: str = "bicubic", antialias: bool = True) -> torch.Tensor:
+    """Resample a (1, oh*ow, C) table to (1, nh*nw, C) by target size; same size is the identity.
+
+    ``antialias`` takes effect only when an axis shrinks. Computed in float32, cast back.
+    """
+    if tuple(old) == tuple(new):
+        return table
+    shrink = new[0] < old[0] or new[1] < old[1]
+    with float32_math(table.device):
+        return resample_abs_pos_embed(table, list(new), list(old), num_prefix_tokens=0,
+                                      interpolation=interpolation, antialias=antialias and shrink)
+
+
+@register("learned_abs")
+class LearnedAbsEncoding(AdditiveBase):
+    """A learned ``(1, h*w, dim)`` table for ``grid``, resampled to other grids.
+
+    Args:
+        dim: channels.
+        grid: (h, w) of the stored table (an int n means (n, n)).
+        num_prefix_tokens: learned prefix vectors returned by ``prefix()`` (0: none).
+        init_std: std of the truncated-normal initialisation (timm: 0.02).
+        interpolation: "bicubic" (default) or "bilinear".
+        antialias: antialias when shrinking (default True).
+        overflow: "interpolate" (default) or "error" for a grid larger than ``grid``.
+    """
+
+    def __init__(self, dim: int, *, grid, num_prefix_tokens: int = 0,
+                 init_std: float = 0.02, interpolation: str = "bicubic", antialias: bool = True,
+                 overflow: str = "interpolate") -> None:
+        super().__init__(dim, num_prefix_tokens)
+        self.grid = _checks.grid_shape("grid", grid)
+        _checks.positive_float("init_std", init_std)
+        self.interpolation = _checks.choice("interpolation", interpolation, INTERPOLATIONS)
+        if not isinstance(antialias, bool):
+            raise ValueError(f"antialias={antialias!r}: expected True or False")
+        self.antialias = antialias
+        self.overflow = _checks.choice("overflow", overflow, ("interpolate", "error"))
+        h, w = self.grid
+        self.pos_embed = nn.Parameter(torch.zeros(1, h * w, dim))  # (1, h*w, dim)
+        nn.init.trunc_normal_(self.pos_embed, std=init_std)
+
+    def forward(self, shape, mask=None, *, device=None, dtype=None) -> torch.Tensor:  # (B|1, h*w, dim)
+        shape, mask, device, dtype = self._inputs(shape, mask, device, dtype, self.pos_embed.dtype)
+        return self._output(self._resampled(shape).to(device), mask, dtype)
+
+    def _resampled(self, shape: tuple[int, int]) -> torch.Tensor:
+        if self.overflow == "error" and (shape[0] > self.grid[0] or shape[1] > self.grid[1]):
+            raise ValueError(f"shape={shape}: larger than the learned table's grid {self.grid} and "
+                             "overflow='error'; use overflow='interpolate' or resize_() the table")
+        return resample_grid_table(self.pos_embed, self.grid, shape, interpolation=self.interpolation,
+                                   antialias=self.antialias)  # (1, h*w, dim)
+
+    def resize_(self, shape) -> "LearnedAbsEncoding":
+        """Replace the stored table by its resampling at ``shape`` = (h, w) (load time)."""
+        shape = _checks.grid_shape("shape", shape)
+        with torch.no_grad():
+            table = resample_grid_table(self.pos_embed.data, self.grid, shape,
+                                        interpolation=self.interpolation, antialias=self.antialias)
+        if shape != self.grid:
+            self.pos_embed = nn.Parameter(table.clone())
+        self.grid = shape
+        self._cache.clear()
+        return self
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, grid={self.grid}, num_prefix_tokens={self.num_prefix_tokens}, "
+                f"interpolation={self.interpolation!r}, antialias={self.antialias}, overflow={self.overflow!r}")
