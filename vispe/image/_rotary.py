@@ -1,0 +1,136 @@
+"""Shared plumbing of the 2D rotary encodings (private): arguments, token coordinates, float32 math.
+
+``RotaryBase`` checks the arguments every 2D RoPE takes, turns ``(shape, mask)`` into token
+coordinates ``(B|1, h*w, 2)`` as (y, x) and leaves ``angles(coords)`` to the subclass.
+
+Coordinates (``coords``, then multiplied by ``scale``), a subset of ``vispe.coords.GRID_MODES``:
+
+* ``"index"``      0..h-1, 0..w-1 (rope-vit, EVA, timm: the default)
+* ``"normalized"`` index / (n - 1), in [0, 1]
+* ``"centered"``   pixel centres in [-1, 1], (index + 0.5) / n * 2 - 1 (DINOv3-style)
+
+Padding mask: positions are counted over each image's valid area (``vispe.coords.mask_coords``),
+so an image alone and the same image padded in a batch get the same angles on their valid tokens
+(for ``"index"`` this only matters when padding is not at the bottom/right; for the normalised
+modes it always does). Padding tokens get finite angles; the attention's key-padding mask hides them.
+
+Train-time augmentation (``shift``, ``jitter``, in coordinate units before ``scale``): one random
+shift per image (per batch without a mask) and per-token jitter, ``vispe.coords.jitter_coords``,
+applied only in training mode; in eval mode the angles are the fixed ones.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from vispe import _checks
+from vispe.axis.rope import LAYOUTS
+from vispe.coords import grid_coords, jitter_coords, mask_coords
+from vispe.encoding import RotaryEncoding
+
+COORD_MODES = ("index", "normalized", "centered")
+
+
+def float32_math(device: torch.device):
+    """Autocast off on ``device``, so products and sums stay in float32."""
+    try:
+        return torch.autocast(device.type, enabled=False)
+    except RuntimeError:  # a device type autocast does not know: nothing to turn off
+        return contextlib.nullcontext()
+
+
+def token_coords(shape: tuple[int, int], mask: torch.Tensor | None = None, mode: str = "index", *,
+                 device=None) -> torch.Tensor:
+    """Float32 (y, x) of the grid tokens, row-major.  # (B|1, h*w, 2)
+
+    Without a mask: ``vispe.coords.grid_coords(h, w, mode)`` with a leading 1. With a mask
+    (B, h, w), True = padding: counted over each image's valid area, then brought to ``mode`` with
+    that area's size (the valid part of image b equals ``grid_coords(h_b, w_b, mode)``).
+    """
+    h, w = shape
+    if mask is None:
+        return grid_coords(h, w, mode, device=device)[None]  # (1, N, 2)
+    count = mask_coords(mask.to(device), normalize=False)  # (B, h, w, 2), 1..n over valid cells
+    cy, cx = count.unbind(-1)  # (B, h, w) each
+    n = torch.stack(torch.broadcast_tensors(cy.amax(1, keepdim=True), cx.amax(2, keepdim=True)), -1)  # (B, h, w, 2)
+    index = (count - 1).clamp(min=0)  # (B, h, w, 2)
+    if mode == "index":
+        out = index
+    elif mode == "normalized":
+        out = index / (n - 1).clamp(min=1)
+    else:  # centered
+        out = (index + 0.5) / n.clamp(min=1) * 2 - 1
+    return out.reshape(mask.shape[0], h * w, 2)  # (B, N, 2)
+
+
+def _non_negative(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"{name}={value!r}: expected a non-negative number")
+    return float(value)
+
+
+class RotaryBase(RotaryEncoding):
+    """Base of vispe's 2D RoPEs. Subclasses implement ``angles(coords)``.
+
+    Args (shared by every 2D RoPE):
+        head_dim: channels per head, a multiple of 4 (pairs split between y and x).
+        num_heads: attention heads.
+        dim: model width; when given it must equal ``num_heads * head_dim``.
+        grid, num_prefix_tokens: accepted (checked) for the uniform build interface; RoPE angles
+            recompute at any grid and prefix tokens are left unrotated by the attention module.
+        layout: channel pairing for ``vispe.axis.rope.apply_rope``, "half" or "interleaved".
+        coords, scale: coordinate convention (module docstring) and a factor applied to it.
+        shift, jitter: train-time coordinate augmentation (module docstring); 0 = off.
+    """
+
+    mask_aware = True
+
+    def __init__(self, head_dim: int, num_heads: int, *, dim: int | None = None, grid=None,
+                 num_prefix_tokens: int = 0, layout: str = "half", coords: str = "index",
+                 scale: float = 1.0, shift: float = 0.0, jitter: float = 0.0) -> None:
+        super().__init__()
+        self.num_heads = _checks.positive_int("num_heads", num_heads)
+        self.head_dim = _checks.divisible("head_dim", head_dim, 4, "2D RoPE splits the channel pairs "
+                                          "between y and x, head_dim / 4 pairs each")
+        if dim is not None and _checks.positive_int("dim", dim) != num_heads * head_dim:
+            raise ValueError(f"dim={dim}: expected num_heads * head_dim = {num_heads} * {head_dim} "
+                             f"= {num_heads * head_dim}")
+        self.dim = dim
+        self.grid = None if grid is None else _checks.grid_shape("grid", grid)
+        self.num_prefix_tokens = _checks.positive_int("num_prefix_tokens", num_prefix_tokens, allow_zero=True)
+        self.layout = _checks.choice("layout", layout, LAYOUTS)
+        self.coords = _checks.choice("coords", coords, COORD_MODES)
+        self.scale = _checks.positive_float("scale", scale)
+        self.shift = _non_negative("shift", shift)
+        self.jitter = _non_negative("jitter", jitter)
+
+    def angles(self, coords: torch.Tensor) -> torch.Tensor:
+        """Float32 angles ``(B|1, heads|1, N, head_dim/2)`` of coordinates ``coords`` (B|1, N, 2)."""
+        raise NotImplementedError
+
+    def _default_device(self) -> torch.device:
+        p = next(iter(self.parameters()), None)
+        return p.device if p is not None else torch.device("cpu")
+
+    def _augmenting(self) -> bool:
+        return self.training and (self.shift > 0 or self.jitter > 0)
+
+    def grid_angles(self, shape: tuple[int, int], mask: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+        coords = token_coords(shape, mask, self.coords, device=device)  # (B|1, N, 2)
+        if self._augmenting():
+            coords = jitter_coords(coords, shift=self.shift, jitter=self.jitter)  # (B|1, N, 2)
+        return self.angles(coords * self.scale)  # (B|1, heads|1, N, head_dim/2)
+
+    def forward(self, shape, mask: torch.Tensor | None = None, *, device=None) -> torch.Tensor:
+        """Angles of the grid tokens, float32.  # (B|1, heads|1, h*w, head_dim/2)"""
+        shape = _checks.grid_shape("shape", shape)
+        mask = _checks.mask_for("mask", mask, shape)
+        device = torch.device(device) if device is not None else (
+            mask.device if mask is not None else self._default_device())
+        with float32_math(device):
+            return self.grid_angles(shape, mask, device)
+
+    def extra_repr(self) -> str:
+        return (f"head_dim={self.head_dim}, num_heads={self.num_heads}, layout={self.layout!r}, "
+                f"coords={self.coords!r}, scale={self.scale:g}, shift={self.shift:g}, jitter={self.jitter:g}")

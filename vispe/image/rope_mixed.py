@@ -1,0 +1,82 @@
+"""RoPE-Mixed: 2D RoPE with learned mixed frequencies (Heo et al., ECCV 2024, "Rotary Position
+Embedding for Vision Transformer").
+
+Every head h and channel pair k has a learned 2D frequency (fy, fx):
+
+    angle_{h,k}(y, x) = fy_{h,k} * y + fx_{h,k} * x
+
+so a pair rotates along any direction of the image plane, not only along an axis, and
+``<R(p) q, R(p') k>`` still depends only on p - p'.
+
+Initialisation as in the paper (rope-vit's ``init_random_2d_freqs``): magnitudes
+``m_j = theta^(-4 j / head_dim)``, j < head_dim/4, with ``theta = 10``; per head a random angle
+phi ~ U[0, 2 pi) (``rotate=True``; 0 otherwise); pairs k < head_dim/4 point along phi, the next
+head_dim/4 along phi + pi/2:
+
+    (fy, fx)_{h,k}             = m_k * (sin phi_h, cos phi_h)
+    (fy, fx)_{h,k+head_dim/4}  = m_k * (sin(phi_h + pi/2), cos(phi_h + pi/2))
+
+With ``rotate=False`` this is axial RoPE with x on the first quarter of pairs (rope-vit's order).
+
+Parameter: ``freqs`` (num_heads, head_dim/2, 2) as (fy, fx). Input: grid ``shape`` (h, w),
+optional padding mask (B, h, w). Output: float32 angles ``(B|1, heads, h*w, head_dim/2)``,
+recomputed at every call (the frequencies learn) at any grid. Prefix tokens: left unrotated.
+Coordinates, mask handling and train-time shift/jitter: see ``vispe.image._rotary``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from vispe import _checks
+from vispe.axis.rope import rope_frequencies
+from vispe.image._rotary import RotaryBase
+from vispe.registry import register
+
+
+def mixed_init(head_dim: int, num_heads: int, theta: float = 10.0, rotate: bool = True,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+    """RoPE-Mixed initial frequencies as (fy, fx).  # (num_heads, head_dim/2, 2)"""
+    _checks.divisible("head_dim", head_dim, 4, "RoPE-Mixed pairs two orthogonal directions")
+    _checks.positive_int("num_heads", num_heads)
+    mag = rope_frequencies(head_dim // 2, theta)  # (head_dim/4,) theta^(-4j/head_dim)
+    if rotate:
+        phi = torch.rand(num_heads, 1, generator=generator) * 2 * math.pi  # (heads, 1)
+    else:
+        phi = torch.zeros(num_heads, 1)
+    phi = torch.cat([phi.expand(-1, head_dim // 4), (phi + math.pi / 2).expand(-1, head_dim // 4)], 1)  # (heads, d/2)
+    mag = mag.repeat(2)  # (head_dim/2,)
+    return torch.stack([mag * torch.sin(phi), mag * torch.cos(phi)], dim=-1)  # (heads, d/2, 2)
+
+
+@register("rope_mixed")
+class RopeMixed(RotaryBase):
+    """Learned mixed-frequency 2D RoPE, one (fy, fx) per head and channel pair.
+
+    Args: ``theta`` (init magnitudes, default 10 as rope-vit's RoPE-Mixed), ``rotate`` (random
+    initial direction per head, default True) and those of ``vispe.image._rotary.RotaryBase``:
+    ``head_dim`` (multiple of 4), ``num_heads``, ``dim``, ``grid``, ``num_prefix_tokens``,
+    ``layout``, ``coords``, ``scale``, ``shift``, ``jitter``.
+    """
+
+    def __init__(self, head_dim: int, num_heads: int, *, theta: float = 10.0, rotate: bool = True,
+                 dim: int | None = None, grid=None, num_prefix_tokens: int = 0, layout: str = "half",
+                 coords: str = "index", scale: float = 1.0, shift: float = 0.0, jitter: float = 0.0) -> None:
+        super().__init__(head_dim, num_heads, dim=dim, grid=grid, num_prefix_tokens=num_prefix_tokens,
+                         layout=layout, coords=coords, scale=scale, shift=shift, jitter=jitter)
+        self.theta = _checks.positive_float("theta", theta)
+        if not isinstance(rotate, bool):
+            raise ValueError(f"rotate={rotate!r}: expected True or False")
+        self.rotate = rotate
+        self.freqs = nn.Parameter(mixed_init(head_dim, num_heads, theta, rotate))  # (heads, d/2, 2)
+
+    def angles(self, coords: torch.Tensor) -> torch.Tensor:
+        f = self.freqs.to(device=coords.device, dtype=torch.float32)  # (heads, d/2, 2)
+        y = coords[:, None, :, 0, None]  # (B|1, 1, N, 1)
+        x = coords[:, None, :, 1, None]  # (B|1, 1, N, 1)
+        return y * f[None, :, None, :, 0] + x * f[None, :, None, :, 1]  # (B|1, heads, N, d/2)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, theta={self.theta:g}, rotate={self.rotate}"
