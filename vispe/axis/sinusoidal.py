@@ -1,20 +1,22 @@
 """Fixed absolute 1D encodings: raw index, normalised index, single- and multi-frequency sinusoids.
 
 All take a tensor of positions ``pos`` of any shape (float, fractional positions allowed) and
-return ``pos.shape + (dim,)`` in float32 (compute in float32, cast later).
+return ``pos.shape + (dim,)`` in float32 (compute in float32, cast later; float64 positions keep
+float64, for reference checks). Under autocast the result stays float32.
 """
 from __future__ import annotations
 
 import torch
 
 from vispe import _checks
+from vispe.axis._util import compute_dtype
 
 LAYOUTS = ("concat", "interleaved")
 
 
 def raw_index(pos: torch.Tensor) -> torch.Tensor:
     """The position itself as a 1-channel code: ``PE(p) = p``.  # (..., 1)"""
-    return pos.float()[..., None]
+    return pos.to(compute_dtype(pos))[..., None]
 
 
 def normalized_index(pos: torch.Tensor, length: int) -> torch.Tensor:
@@ -23,19 +25,20 @@ def normalized_index(pos: torch.Tensor, length: int) -> torch.Tensor:
     ``length`` is T; for T = 1 the code is 0.
     """
     _checks.positive_int("length", length)
-    return (pos.float() / max(length - 1, 1))[..., None]
+    return (pos.to(compute_dtype(pos)) / max(length - 1, 1))[..., None]
 
 
 def single_sinusoid(pos: torch.Tensor, frequency: float = 1.0, phase: float = 0.0) -> torch.Tensor:
     """One sinusoid ``PE(p) = sin(frequency * p + phase)``.  # (..., 1)"""
-    return torch.sin(pos.float() * frequency + phase)[..., None]
+    return torch.sin(pos.to(compute_dtype(pos)) * frequency + phase)[..., None]
 
 
-def sinusoid_frequencies(dim: int, temperature: float = 10000.0, *, device=None) -> torch.Tensor:
+def sinusoid_frequencies(dim: int, temperature: float = 10000.0, *, device=None,
+                         dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The dim/2 frequencies of Vaswani et al.: ``omega_i = temperature^(-2i/dim)``.  # (dim/2,)"""
     _checks.divisible("dim", dim, 2, "sin/cos pairs")
     _checks.positive_float("temperature", temperature)
-    i = torch.arange(dim // 2, device=device, dtype=torch.float32)
+    i = torch.arange(dim // 2, device=device, dtype=dtype)
     return temperature ** (-2.0 * i / dim)
 
 
@@ -48,11 +51,12 @@ def sinusoidal(pos: torch.Tensor, dim: int, temperature: float = 10000.0,
 
     ``layout="interleaved"`` gives the paper's order [sin w0, cos w0, sin w1, cos w1, ...] (as in
     DETR's stacked sin/cos); ``layout="concat"`` gives [sin w0..w_{d/2-1}, cos w0..w_{d/2-1}]
-    (MAE, big_vision, timm). Returns ``pos.shape + (dim,)`` float32.
+    (MAE, big_vision, timm). Returns ``pos.shape + (dim,)`` float32 (float64 for float64 ``pos``).
     """
     _checks.choice("layout", layout, LAYOUTS)
-    omega = sinusoid_frequencies(dim, temperature, device=pos.device)  # (dim/2,)
-    angles = pos.float()[..., None] * omega  # (..., dim/2)
+    wd = compute_dtype(pos)
+    omega = sinusoid_frequencies(dim, temperature, device=pos.device, dtype=wd)  # (dim/2,)
+    angles = pos.to(wd)[..., None] * omega  # (..., dim/2)
     if layout == "concat":
         return torch.cat([angles.sin(), angles.cos()], dim=-1)  # (..., dim)
     return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)  # (..., dim)
