@@ -25,15 +25,21 @@ def test_learned_abs_gives_timm_logits_with_the_same_weights():
 
 
 def test_timm_checkpoint_at_another_size_is_resampled_on_load():
+    """A 8x8-grid timm checkpoint loads into a 12x12-grid model: bicubic by target size (no
+    antialias when growing), the class token's vector kept; logits equal a stock timm model at 48
+    px holding the same resampled table."""
+    from timm.layers import resample_abs_pos_embed
+
     ref = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=4).eval()
     big = create_vit("vit_tiny_patch16_224", pe="learned_abs", img_size=48, patch_size=4, num_classes=1000).eval()
     big.load_state_dict(ref.state_dict())
+    want = resample_abs_pos_embed(ref.pos_embed.detach(), [12, 12], [8, 8], num_prefix_tokens=1, antialias=False)
+    torch.testing.assert_close(big.state_dict()["pos_embed"], want)
+    stock48 = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=48, patch_size=4).eval()
+    sd = dict(ref.state_dict(), pos_embed=want)
+    stock48.load_state_dict(sd)
     x = torch.randn(1, 3, 48, 48)
-    # timm's own dynamic-size path resamples the same table the same way
-    ref_dyn = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=4,
-                                dynamic_img_size=True).eval()
-    ref_dyn.load_state_dict(ref.state_dict())
-    torch.testing.assert_close(big(x), ref_dyn(x), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(big(x), stock48(x), rtol=1e-5, atol=1e-5)
 
 
 def test_convert_existing_timm_model_keeps_weights_and_swaps_encoding():
