@@ -17,6 +17,7 @@ Conventions are parameters, never implicit:
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -47,6 +48,44 @@ def _axis(n: int, mode: str, patch_size: float, device) -> torch.Tensor:
     if mode == "centered":
         return (i + 0.5) / n * 2 - 1
     return (i + 0.5) * patch_size  # pixel
+
+
+def float32_math(device: torch.device):
+    """Autocast off on ``device``, so tables and angles are computed in float32 (then cast)."""
+    try:
+        return torch.autocast(torch.device(device).type, enabled=False)
+    except RuntimeError:  # a device type autocast does not know: nothing to turn off
+        return contextlib.nullcontext()
+
+
+VALID_MODES = ("index", "normalized", "centered")
+
+
+def valid_coords(shape: tuple[int, int], mask: torch.Tensor | None = None, mode: str = "index", *,
+                 device=None) -> torch.Tensor:
+    """Float32 (y, x) of the grid tokens, row-major, counted over each image's valid area.  # (B|1, h*w, 2)
+
+    Without a mask: ``grid_coords(h, w, mode)`` with a leading 1. With a mask (B, h, w), True =
+    padding: each token's position is its count among the valid cells of its column (y) / row (x)
+    (``mask_coords``), brought to ``mode`` with that area's size, so the valid part of image b
+    equals ``grid_coords(h_b, w_b, mode)``: an image alone and padded in a batch agree. Padding
+    cells get finite values (those of the last valid cell; index 0 on an all-padding line).
+    """
+    _checks.choice("mode", mode, VALID_MODES)
+    h, w = shape
+    if mask is None:
+        return grid_coords(h, w, mode, device=device)[None]  # (1, N, 2)
+    count = mask_coords(mask.to(device), normalize=False)  # (B, h, w, 2), 1..n over valid cells
+    cy, cx = count.unbind(-1)  # (B, h, w) each
+    n = torch.stack(torch.broadcast_tensors(cy.amax(1, keepdim=True), cx.amax(2, keepdim=True)), -1)  # (B, h, w, 2)
+    index = (count - 1).clamp(min=0)  # (B, h, w, 2)
+    if mode == "index":
+        out = index
+    elif mode == "normalized":
+        out = index / (n - 1).clamp(min=1)
+    else:  # centered
+        out = (index + 0.5) / n.clamp(min=1) * 2 - 1
+    return out.reshape(mask.shape[0], h * w, 2)  # (B, N, 2)
 
 
 def mask_coords(mask: torch.Tensor, *, normalize: bool = True, scale: float = 2 * math.pi,

@@ -5,38 +5,15 @@
   float32 table ``(1|B, h*w, dim)`` into the contract's output (expanded to B when a mask is given,
   cast to ``dtype`` at the very end).
 * ``axis_positions``: per-axis token positions of a grid or of each image's valid area.
-* ``float32_math``: a context that turns autocast off, so tables are computed in float32.
 """
 from __future__ import annotations
-
-import contextlib
 
 import torch
 from torch import nn
 
 from vispe import _checks
-from vispe.coords import mask_coords
+from vispe.coords import VALID_MODES as COORD_MODES, float32_math, grid_coords, valid_coords  # noqa: F401
 from vispe.encoding import AdditiveEncoding, as_device
-
-#: coordinate conventions of ``axis_positions`` (a subset of ``vispe.coords.GRID_MODES``)
-COORD_MODES = ("index", "normalized", "centered")
-
-
-def float32_math(device: torch.device):
-    """Autocast off on ``device`` (inside it a matmul or interpolate stays in float32)."""
-    try:
-        return torch.autocast(device.type, enabled=False)
-    except RuntimeError:  # a device type autocast does not know: nothing to turn off
-        return contextlib.nullcontext()
-
-
-def _from_count(count: torch.Tensor, n: torch.Tensor, mode: str) -> torch.Tensor:
-    """Position of the cell counted ``count`` (1..n) on an axis of ``n`` valid cells."""
-    if mode == "index":
-        return count - 1  # 0..n-1
-    if mode == "normalized":
-        return (count - 1) / (n - 1).clamp(min=1)  # [0, 1], 0 for n = 1
-    return (count - 0.5) / n.clamp(min=1) * 2 - 1  # centered: pixel centres in [-1, 1]
 
 
 def axis_positions(shape: tuple[int, int], mask: torch.Tensor | None, mode: str, *,
@@ -45,23 +22,15 @@ def axis_positions(shape: tuple[int, int], mask: torch.Tensor | None, mode: str,
 
     Without a mask (or when not ``mask_aware``): ``py`` is (1, h, 1), ``px`` is (1, 1, w), the
     ``vispe.coords.grid_coords`` convention ``mode``. With a mask and ``mask_aware``: both are
-    (B, h, w), counted over each image's valid area with ``vispe.coords.mask_coords`` (DETR's
-    cumulative count), then brought to ``mode`` with that area's size, so an image alone and the
-    same image padded in a batch get the same positions on their valid area. Padding cells get
-    finite positions (the last valid count; 0 or -1 on all-padding rows), never NaN.
+    (B, h, w), ``vispe.coords.valid_coords`` (counted over each image's valid area), so an image
+    alone and the same image padded in a batch get the same positions on their valid area.
     """
     h, w = shape
     if mask is None or not mask_aware:
-        ys = torch.arange(h, device=device, dtype=torch.float32)  # (h,)
-        xs = torch.arange(w, device=device, dtype=torch.float32)  # (w,)
-        py = _from_count(ys + 1, torch.tensor(float(h), device=device), mode)  # (h,)
-        px = _from_count(xs + 1, torch.tensor(float(w), device=device), mode)  # (w,)
-        return py.view(1, h, 1), px.view(1, 1, w)
-    counts = mask_coords(mask.to(device), normalize=False)  # (B, h, w, 2) as (y, x), 1..n
-    cy, cx = counts.unbind(-1)  # (B, h, w) each
-    ny = cy.amax(1, keepdim=True)  # (B, 1, w) valid cells of each column
-    nx = cx.amax(2, keepdim=True)  # (B, h, 1) valid cells of each row
-    return _from_count(cy, ny, mode), _from_count(cx, nx, mode)  # (B, h, w) each
+        yx = grid_coords(h, w, mode, device=device).view(h, w, 2)  # (h, w, 2)
+        return yx[:, :1, 0].reshape(1, h, 1), yx[:1, :, 1].reshape(1, 1, w)
+    yx = valid_coords(shape, mask, mode, device=device).view(mask.shape[0], h, w, 2)  # (B, h, w, 2)
+    return yx[..., 0], yx[..., 1]  # (B, h, w) each
 
 
 class AdditiveBase(AdditiveEncoding):

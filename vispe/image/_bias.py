@@ -21,7 +21,7 @@ from torch import nn
 
 from vispe import _checks
 from vispe.encoding import BiasEncoding
-from vispe.image._rotary import float32_math
+from vispe.coords import float32_math
 
 
 class BiasBase(BiasEncoding):

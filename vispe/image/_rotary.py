@@ -20,49 +20,12 @@ applied only in training mode; in eval mode the angles are the fixed ones.
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from vispe import _checks
 from vispe.axis.rope import LAYOUTS
-from vispe.coords import grid_coords, jitter_coords, mask_coords
+from vispe.coords import VALID_MODES as COORD_MODES, float32_math, jitter_coords, valid_coords
 from vispe.encoding import RotaryEncoding
-
-COORD_MODES = ("index", "normalized", "centered")
-
-
-def float32_math(device: torch.device):
-    """Autocast off on ``device``, so products and sums stay in float32."""
-    try:
-        return torch.autocast(device.type, enabled=False)
-    except RuntimeError:  # a device type autocast does not know: nothing to turn off
-        return contextlib.nullcontext()
-
-
-def token_coords(shape: tuple[int, int], mask: torch.Tensor | None = None, mode: str = "index", *,
-                 device=None) -> torch.Tensor:
-    """Float32 (y, x) of the grid tokens, row-major.  # (B|1, h*w, 2)
-
-    Without a mask: ``vispe.coords.grid_coords(h, w, mode)`` with a leading 1. With a mask
-    (B, h, w), True = padding: counted over each image's valid area, then brought to ``mode`` with
-    that area's size (the valid part of image b equals ``grid_coords(h_b, w_b, mode)``).
-    """
-    h, w = shape
-    if mask is None:
-        return grid_coords(h, w, mode, device=device)[None]  # (1, N, 2)
-    count = mask_coords(mask.to(device), normalize=False)  # (B, h, w, 2), 1..n over valid cells
-    cy, cx = count.unbind(-1)  # (B, h, w) each
-    n = torch.stack(torch.broadcast_tensors(cy.amax(1, keepdim=True), cx.amax(2, keepdim=True)), -1)  # (B, h, w, 2)
-    index = (count - 1).clamp(min=0)  # (B, h, w, 2)
-    if mode == "index":
-        out = index
-    elif mode == "normalized":
-        out = index / (n - 1).clamp(min=1)
-    else:  # centered
-        out = (index + 0.5) / n.clamp(min=1) * 2 - 1
-    return out.reshape(mask.shape[0], h * w, 2)  # (B, N, 2)
-
 
 def _non_negative(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
@@ -117,7 +80,7 @@ class RotaryBase(RotaryEncoding):
         return self.training and (self.shift > 0 or self.jitter > 0)
 
     def grid_angles(self, shape: tuple[int, int], mask: torch.Tensor | None, device: torch.device) -> torch.Tensor:
-        coords = token_coords(shape, mask, self.coords, device=device)  # (B|1, N, 2)
+        coords = valid_coords(shape, mask, self.coords, device=device)  # (B|1, N, 2)
         if self._augmenting():
             coords = jitter_coords(coords, shift=self.shift, jitter=self.jitter)  # (B|1, N, 2)
         return self.angles(coords * self.scale)  # (B|1, heads|1, N, head_dim/2)
