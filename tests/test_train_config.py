@@ -1,0 +1,120 @@
+"""train.py's configuration: typed overrides, nearest-key hints, the configs/ files themselves."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from vispe.train import config as C
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+def test_defaults_and_overrides_take_effect():
+    cfg = C.load_config(None, ["model.pe=rope_mixed", "train.epochs=100", "optim.lr=3e-4",
+                               "train.eval_sizes=[1,2]", "model.pe_kwargs.base=50", "data.kwargs.k=4"])
+    assert cfg.model.pe == "rope_mixed" and cfg.train.epochs == 100 and cfg.optim.lr == 3e-4
+    assert list(cfg.train.eval_sizes) == [1.0, 2.0] and all(isinstance(s, float) for s in cfg.train.eval_sizes)
+    assert cfg.model.pe_kwargs == {"base": 50} and cfg.data.kwargs == {"k": 4}
+    assert cfg.train.run_name == "default"  # no file: the run is named "default"
+
+
+@pytest.mark.parametrize("typo, nearest", [
+    ("train.epoch=3", "train.epochs"),
+    ("model.pee=none", "model.pe"),
+    ("optim.weightdecay=0.1", "optim.weight_decay"),
+    ("epochs=3", "train.epochs"),  # right key, missing section
+    ("trian.epochs=3", "train.epochs"),  # misspelt section
+])
+def test_misspelt_key_names_the_nearest_valid_keys(typo, nearest):
+    key = typo.split("=")[0]
+    with pytest.raises(C.ConfigError, match=re.escape(f"unknown config key {key!r}")) as e:
+        C.load_config(None, [typo])
+    assert nearest in str(e.value).split("nearest valid keys:")[1]
+
+
+@pytest.mark.parametrize("override, key, expected", [
+    ("train.epochs=abc", "train.epochs", "int"),
+    ("train.epochs=1.5", "train.epochs", "int"),
+    ("optim.lr=fast", "optim.lr", "float"),
+    ("train.compile=maybe", "train.compile", "bool"),
+    ("train.eval_sizes=[1,x]", "train.eval_sizes", "List[float]"),
+    ("train.eval_sizes=2", "train.eval_sizes", "List[float]"),
+    ("data.batch_size=null", "data.batch_size", "int"),
+    ("data.kwargs=5", "data.kwargs", "Dict[str, Any]"),
+    ("model=3", "model", "a section of keys (model.*)"),
+])
+def test_wrong_type_names_key_value_and_expected_type(override, key, expected):
+    with pytest.raises(C.ConfigError) as e:
+        C.load_config(None, [override])
+    msg = str(e.value)
+    assert msg.startswith(f"config key {key}") and "command line" in msg and f"expected {expected}" in msg
+
+
+@pytest.mark.parametrize("override, match", [
+    ("train.device=gpu", r"train.device='gpu': expected one of 'auto', 'cpu', 'cuda'"),
+    ("train.amp=fp8", r"train.amp='fp8': expected one of"),
+    ("task.name=segmentation", r"task.name='segmentation': expected one of 'classification'"),
+    ("data.batch_size=0", r"data.batch_size=0: expected a positive number"),
+    ("train.eval_sizes=[]", r"train.eval_sizes=\[\]: expected a non-empty list"),
+    ("train.run_name=a/b", r"train.run_name='a/b': expected a folder name"),
+    ("train.epochs", r"override 'train.epochs' in command line: expected key=value"),
+])
+def test_bad_values_are_refused(override, match):
+    with pytest.raises(C.ConfigError, match=match):
+        C.load_config(None, [override])
+
+
+def test_yaml_file_keys_are_checked_too(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("model:\n  pe: none\n  embed_dims: 64\n")
+    with pytest.raises(C.ConfigError, match=r"unknown config key 'model.embed_dims' in .*bad.yaml.*model.embed_dim"):
+        C.load_config(f)
+    f.write_text("train:\n  epochs: many\n")
+    with pytest.raises(C.ConfigError, match=r"config key train.epochs='many' in .*bad.yaml: expected int"):
+        C.load_config(f)
+    with pytest.raises(C.ConfigError, match="does not exist"):
+        C.load_config(tmp_path / "missing.yaml")
+
+
+def test_precedence_file_then_smoke_then_command_line(tmp_path):
+    f = tmp_path / "exp.yaml"
+    f.write_text("train:\n  epochs: 7\n  seed: 3\nsmoke:\n  - train.epochs=1\n  - train.seed=4\n")
+    assert C.load_config(f).train.epochs == 7 and C.load_config(f).train.run_name == "exp"
+    smoke = C.load_config(f, smoke=True)
+    assert (smoke.train.epochs, smoke.train.seed, smoke.train.run_name) == (1, 4, "exp_smoke")
+    assert C.load_config(f, ["train.epochs=2"], smoke=True).train.epochs == 2
+    f.write_text("smoke:\n  - train.epoks=1\n")
+    with pytest.raises(C.ConfigError, match="unknown config key 'train.epoks' in the smoke list"):
+        C.load_config(f, smoke=True)
+
+
+def test_for_encoding_keeps_pe_kwargs_for_the_main_encoding_only():
+    cfg = C.load_config(None, ["model.pe=rope_mixed", "model.pe_kwargs.base=50", "train.compare=[none,rope_mixed]"])
+    assert C.encodings(cfg) == ["rope_mixed", "none"]
+    main, base = C.for_encoding(cfg, "rope_mixed"), C.for_encoding(cfg, "none")
+    assert main.model.pe_kwargs == {"base": 50} and base.model.pe_kwargs == {} and base.model.pe == "none"
+    assert list(main.train.compare) == [] and cfg.model.pe == "rope_mixed"  # the original is untouched
+    assert set(C.diff(cfg, base)) == {"model.pe", "model.pe_kwargs", "train.compare"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_every_config_file_loads_documents_itself_and_has_a_smoke_variant(path):
+    cfg = C.load_config(path)
+    smoke = C.load_config(path, smoke=True)
+    assert smoke.train.run_name == f"{path.stem}_smoke" and smoke.train.epochs <= cfg.train.epochs
+    header = "\n".join(line for line in path.read_text().splitlines() if line.startswith("#"))
+    assert f"python train.py --config configs/{path.name}" in header or path.stem == "default"
+    assert re.search(r"[Ee]xpected", header) and re.search(r"[Rr]untime", header) and "--smoke" in header
+    # resolving twice gives the same config (what the run folder stores reloads unchanged)
+    again = OmegaConf.create(C.to_yaml(cfg))
+    assert C.diff(cfg, OmegaConf.merge(OmegaConf.structured(C.Config), again)) == {}
+
+
+def test_required_configs_exist():
+    names = {p.stem for p in CONFIGS}
+    assert {"default", "cifar10_vit", "digits_class", "digits_cell", "digits_relative",
+            "digits_content_position"} <= names

@@ -1,0 +1,108 @@
+"""Resume is exact on CPU: a run killed with SIGKILL mid-epoch, or stopped by Ctrl-C, and resumed
+ends with the same metrics, logs and weights as the same run left alone.
+
+Data: the miniature CIFAR-10 through the real loader, whose random crop and flip make the test
+also cover the random state of data augmentation; drop-path covers the model's random state.
+"""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vispe.data.miniature import write_miniature_cifar10
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMING = ("epoch_time_s", "img_per_s")
+
+
+def _train_main():
+    spec = importlib.util.spec_from_file_location("vispe_train_script", ROOT / "train.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("resume")
+    write_miniature_cifar10(tmp / "data", n_per_batch=20, seed=0)  # 100 train, 20 test images
+    args = ["--config", str(ROOT / "configs/cifar10_vit.yaml"), "--smoke", f"data.root={tmp / 'data'}",
+            "data.kwargs.verify_md5=false", f"train.out_dir={tmp / 'runs'}", "train.progress=false",
+            "data.batch_size=16", "train.epochs=2", "train.ckpt_every_steps=3", "model.drop_path_rate=0.1",
+            "model.embed_dim=32", "model.num_heads=2", "model.depth=2", "train.eval_sizes=[1.0,1.5]",
+            "optim.warmup_epochs=0.5"]
+    main = _train_main()
+    assert main(args + ["train.run_name=straight"]) == 0  # 7 steps per epoch, 14 in all
+    return tmp, args, main
+
+
+def _results(run: Path):
+    summary = json.loads((run / "learned_abs" / "summary.json").read_text())
+    with open(run / "learned_abs" / "metrics.csv") as f:
+        rows = [{k: v for k, v in r.items() if k not in TIMING} for r in csv.DictReader(f)]
+    final = {k: v for k, v in summary["final"].items() if k not in TIMING}
+    weights = torch.load(run / "learned_abs" / "checkpoint.pt", weights_only=True)["model"]
+    return final, summary["eval"], rows, weights
+
+
+def _assert_same(a, b):
+    assert a[0] == b[0], "final metrics differ"
+    assert a[1] == b[1], "multi-size evaluation differs"
+    assert a[2] == b[2], "metrics.csv differs"
+    assert a[3].keys() == b[3].keys() and all(torch.equal(a[3][k], b[3][k]) for k in a[3])
+
+
+def test_sigkill_mid_epoch_then_resume_equals_uninterrupted(setup):
+    tmp, args, main = setup
+    env = {**os.environ, "VISPE_TEST_SIGNAL_AT_STEP": "10:KILL"}  # step 10 = batch 3 of epoch 2
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *args, "train.run_name=killed"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    run = tmp / "runs" / "killed"
+    state = torch.load(run / "learned_abs" / "checkpoint.pt", weights_only=True)
+    assert state["progress"]["step"] == 9 and state["progress"]["epoch"] == 1 and state["progress"]["batch"] == 2
+    assert not list(run.glob("**/*.tmp"))  # no half-written file left behind
+    assert not (run / "learned_abs" / "summary.json").exists()
+    assert main(args + ["train.run_name=killed", "--resume"]) == 0
+    _assert_same(_results(tmp / "runs" / "straight"), _results(run))
+
+
+def test_ctrl_c_saves_a_checkpoint_and_resume_equals_uninterrupted(setup, monkeypatch, capsys):
+    tmp, args, main = setup
+    monkeypatch.setenv("VISPE_TEST_SIGNAL_AT_STEP", "5:INT")  # Ctrl-C during epoch 1
+    assert main(args + ["train.run_name=ctrlc"]) == 130
+    assert "--resume" in capsys.readouterr().err
+    state = torch.load(tmp / "runs/ctrlc/learned_abs/checkpoint.pt", weights_only=True)
+    assert state["progress"]["step"] == 5 and state["progress"]["batch"] == 5
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    monkeypatch.delenv("VISPE_TEST_SIGNAL_AT_STEP")
+    assert main(args + ["train.run_name=ctrlc", "--resume"]) == 0
+    _assert_same(_results(tmp / "runs" / "straight"), _results(tmp / "runs" / "ctrlc"))
+
+
+def test_resume_of_a_finished_run_trains_nothing_and_can_extend_it(setup, capsys):
+    tmp, args, main = setup
+    shutil.copytree(tmp / "runs/straight", tmp / "runs/extended")  # the other tests compare with "straight"
+    for f in (tmp / "runs/extended").glob("**/config.yaml"):
+        f.write_text(f.read_text().replace("run_name: straight", "run_name: extended"))
+    files = ("learned_abs/checkpoint.pt", "learned_abs/metrics.csv", "summary.json", "comparison.md")
+    before = [(tmp / "runs/extended" / f).read_bytes() for f in files]
+    assert main(args + ["train.run_name=extended", "--resume"]) == 0
+    assert "already finished" in capsys.readouterr().out
+    assert [(tmp / "runs/extended" / f).read_bytes() for f in files] == before
+    # more epochs: training continues from the last checkpoint (train.epochs may change on resume)
+    assert main(args + ["train.run_name=extended", "--resume", "train.epochs=3"]) == 0
+    summary = json.loads((tmp / "runs/extended/learned_abs/summary.json").read_text())
+    assert summary["epochs"] == 3 and summary["steps"] == 21 and summary["final"]["epoch"] == 3
+    # the first two epochs are the original ones (a restart would differ: its schedule spans 3 epochs)
+    assert _results(tmp / "runs/extended")[2][:2] == _results(tmp / "runs/straight")[2]

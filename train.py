@@ -1,0 +1,149 @@
+"""Train a ViT with a chosen 2D positional encoding and compare it with baselines.
+
+    python train.py                                            # embedded default (configs/default.yaml)
+    python train.py --config configs/cifar10_vit.yaml model.pe=rope_mixed train.epochs=100
+    python train.py --config configs/cifar10_vit.yaml --smoke  # the config's tiny variant
+    python train.py --resume                                   # continue runs/default after a stop or crash
+    python train.py --config runs/default/config.yaml --resume # the same, from the stored config
+    torchrun --nproc_per_node 4 train.py --config configs/cifar10_vit.yaml
+
+Each override is ``section.key=value`` (see vispe/train/config.py for every key); a misspelt key
+or a wrong type is refused. The run folder ``runs/<train.run_name>/`` receives the resolved config,
+and one sub-folder per encoding (``model.pe`` then ``train.compare``) with its checkpoint,
+metrics.csv, TensorBoard events (tb/), curves.png and summary.json; the comparison table of the
+final test metric at every evaluation size is printed and written to comparison.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from vispe.train import config as C
+from vispe.train import distributed as D
+from vispe.train import rundir
+from vispe.train.checkpoint import CheckpointError
+from vispe.train.engine import Interrupted, resolve_amp, resolve_device
+from vispe.train.logging import atomic_write, comparison_table, plot_comparison
+from vispe.train.runner import SetupError, build_data, build_model, run_encoding
+from vispe.train.tasks import get_task
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
+USER_ERRORS = (C.ConfigError, CheckpointError, rundir.RunFolderError, SetupError)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--config", default=None, help="YAML config (default: configs/default.yaml)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in <train.out_dir>/<train.run_name> (a new run if there is none)")
+    p.add_argument("--smoke", action="store_true", help="apply the config's `smoke` overrides (a tiny run)")
+    p.add_argument("overrides", nargs="*", help="section.key=value, e.g. model.pe=rope_mixed train.epochs=3")
+    return p.parse_intermixed_args(argv)  # flags and overrides in any order
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    t_start = time.time()
+    dist = D.DistInfo()
+    try:
+        cfg = C.load_config(args.config or DEFAULT_CONFIG, args.overrides, smoke=args.smoke)
+        try:
+            device = resolve_device(cfg.train.device)
+            resolve_amp(cfg.train.amp, device)
+        except ValueError as e:
+            raise C.ConfigError(str(e)) from None
+        dist = D.setup(device.type)
+        task = get_task(cfg.task)
+        data = build_data(task, cfg)
+        pes = C.encodings(cfg)
+        for pe in pes:  # an unknown encoding or a bad model option fails here, before anything is written
+            build_model(task, C.for_encoding(cfg, pe), data)
+        action, notes = rundir.plan(cfg, resume=args.resume)
+        D.barrier()
+        out = rundir.run_dir(cfg)
+        if dist.is_main:
+            for note in notes:
+                print(note, flush=True)
+            rundir.execute(cfg, action)
+            print(f"run folder: {out}  (encodings: {', '.join(pes)}; world size {dist.world_size})", flush=True)
+        D.barrier()
+        summaries, histories, trained = {}, {}, False
+        for pe in pes:
+            sub_cfg, sub = C.for_encoding(cfg, pe), rundir.encoding_dir(out, pe)
+            done = rundir.finished_summary(sub, cfg.train.epochs) if action == "resume" else None
+            if done is None:
+                if dist.is_main:
+                    rundir.write_config(sub, sub_cfg)
+                done = run_encoding(sub_cfg, task, data, sub, resume=action == "resume", dist=dist)
+                trained = True
+            elif dist.is_main:
+                print(f"[{pe}] already finished in {sub}: not trained again", flush=True)
+            summaries[pe] = done
+            histories[pe] = _history(sub)
+            if dist.is_main:
+                print(final_line(done), flush=True)
+        if dist.is_main:
+            if trained or rundir.state(out) != "finished":
+                report(cfg, out, summaries, histories, time.time() - t_start, argv)
+            else:  # nothing new: keep the finished run's files as they are
+                print("\n" + comparison_table(summaries, next(iter(summaries.values()))["primary"]), flush=True)
+        return 0
+    except USER_ERRORS as e:
+        print(f"train.py: error: {e}", file=sys.stderr, flush=True)
+        if os.environ.get("VISPE_TRACEBACK"):
+            traceback.print_exc()
+        return 2
+    except FloatingPointError as e:  # diverged: the last checkpoint and the logs stay as they are
+        print(f"train.py: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    except Interrupted:
+        if dist.is_main:
+            stored = rundir.run_dir(cfg) / "config.yaml"
+            print(f"stopped: checkpoint saved. Continue with: python train.py --config {stored} --resume",
+                  file=sys.stderr, flush=True)
+        return 130
+    finally:
+        D.cleanup()
+
+
+def final_line(summary: dict) -> str:
+    m = summary["primary"]
+    sizes = "  ".join(f"{m}@{s}px {r[m]:.4f}" for s, r in summary["eval"].items())
+    return (f"[{summary['encoding']}] final: {sizes}  (train {summary['train_time_s']:.0f}s, "
+            f"{summary['steps']} steps, {summary['device']})")
+
+
+def report(cfg, out: Path, summaries: dict, histories: dict, runtime: float, argv) -> None:
+    """Print and save the comparison of the encodings; mark the run folder finished."""
+    metric = next(iter(summaries.values()))["primary"]
+    table = comparison_table(summaries, metric)
+    command = "python train.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    text = (f"# {cfg.train.run_name}: {cfg.task.name} on {cfg.data.name}\n\n{table}\n\n"
+            f"Command: `{command.strip()}`  \nTotal runtime: {runtime:.0f} s on "
+            f"{next(iter(summaries.values()))['device']}\n")
+    atomic_write(out / "comparison.md", text)
+    plot_comparison(histories, out / "comparison.png", metric=f"test_{metric}")
+    summary = {"finished": True, "run_name": cfg.train.run_name, "command": command.strip(),
+               "runtime_s": round(runtime, 1), "primary": metric, "encodings": summaries}
+    atomic_write(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    print("\n" + table + f"\n\ntotal runtime {runtime:.0f} s; results in {out}", flush=True)
+
+
+def _history(sub: Path) -> list[dict]:
+    import csv
+
+    f = sub / "metrics.csv"
+    if not f.is_file():
+        return []
+    with open(f) as fh:
+        return [{k: (float(v) if k != "epoch" else int(v)) for k, v in row.items()} for row in csv.DictReader(fh)]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,322 @@
+"""Training configuration: typed dataclasses, YAML files and checked command-line overrides.
+
+    cfg = load_config("configs/cifar10_vit.yaml", ["model.pe=rope_mixed", "train.epochs=100"])
+
+Order of precedence (later wins): the dataclass defaults below, the YAML file, the file's ``smoke``
+overrides (only with ``smoke=True``), then the command-line overrides ``key.sub=value``. Every key
+is checked against the schema: a misspelt key is refused with the nearest valid keys, a value of
+the wrong type with the key, the value and the expected type (OmegaConf structured configs do the
+type conversion; this module words the errors). Free-form dictionaries (``data.kwargs``,
+``model.pe_kwargs``, ``model.kwargs``) accept any sub-key and pass it to the builder, which
+refuses what it does not know.
+
+The task, the data set and the model are named by strings (``task.name``, ``data.name``,
+``model.name`` / ``model.pe``), so a second task (detection) adds fields, not a second schema.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+DEVICES = ("auto", "cpu", "cuda")
+AMPS = ("auto", "bf16", "fp16", "none")
+SCHEDULES = ("cosine", "constant")
+OPTIMIZERS = ("adamw", "sgd")
+#: keys that may change when a run is resumed (they do not change what is being trained)
+RESUMABLE_KEYS = ("train.epochs", "train.device", "train.compile", "train.log_every", "train.progress",
+                  "train.ckpt_every_steps", "train.compare", "train.overwrite", "data.num_workers",
+                  "data.eval_batch_size", "smoke")
+
+
+class ConfigError(ValueError):
+    """A bad configuration key or value; the message says which and what was expected."""
+
+
+@dataclass
+class TaskConfig:
+    name: str = "classification"  # key of vispe.train.tasks.TASKS
+    label_smoothing: float = 0.0
+
+
+@dataclass
+class DataConfig:
+    name: str = "digits_cell"  # a name known to vispe.data.build_dataset
+    root: Optional[str] = None  # folder of on-disk data sets (cifar10); None for embedded ones
+    download: bool = False
+    img_size: Optional[int] = None  # training size; None = the data set's native size
+    seed: int = 0  # seed of generated (embedded) data sets
+    train_augment: Optional[bool] = None  # None = the data set's default
+    kwargs: Dict[str, Any] = field(default_factory=dict)  # extra build_dataset arguments
+    batch_size: int = 128  # per process
+    eval_batch_size: Optional[int] = None  # None = 2 * batch_size
+    num_workers: int = 0
+    train_subset: Optional[int] = None  # use only the first n training samples (smoke runs)
+    test_subset: Optional[int] = None
+
+
+@dataclass
+class ModelConfig:
+    name: str = "vit_tiny"  # vispe preset or timm model name, for vispe.models.vit.create_vit
+    pe: str = "learned_abs"  # encoding name from vispe.available()
+    pe_kwargs: Dict[str, Any] = field(default_factory=dict)  # for `pe` only, not for the baselines
+    patch_size: int = 4
+    # None leaves the preset's value; any other timm argument goes in `kwargs`
+    embed_dim: Optional[int] = None
+    depth: Optional[int] = None
+    num_heads: Optional[int] = None
+    mlp_ratio: Optional[float] = None
+    class_token: Optional[bool] = None
+    global_pool: Optional[str] = None
+    reg_tokens: Optional[int] = None
+    drop_path_rate: Optional[float] = None
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    lr: float = 1e-3  # peak learning rate
+    weight_decay: float = 0.05
+    momentum: float = 0.9  # sgd only
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])  # adamw only
+    warmup_epochs: float = 1.0
+    schedule: str = "cosine"  # cosine | constant (after warm-up)
+    min_lr: float = 1e-5
+    grad_clip: Optional[float] = 1.0  # max gradient norm; None = off
+
+
+@dataclass
+class TrainLoopConfig:
+    epochs: int = 10
+    seed: int = 0
+    device: str = "auto"  # auto (CUDA when present) | cpu | cuda
+    amp: str = "auto"  # auto (bf16 on CUDA, none on CPU) | bf16 | fp16 | none
+    compile: bool = False  # torch.compile the model
+    # CPU runs are reproducible either way (tests/test_train_resume.py); true also asks for deterministic
+    # GPU kernels (slower; set CUBLAS_WORKSPACE_CONFIG=:4096:8 before starting)
+    deterministic: bool = False
+    eval_sizes: List[float] = field(default_factory=lambda: [0.75, 1.0, 1.5, 2.0])  # x training size
+    compare: List[str] = field(default_factory=list)  # encodings also trained as baselines
+    log_every: int = 20  # steps between TensorBoard loss points
+    ckpt_every_steps: int = 0  # 0 = checkpoint at the end of every epoch only
+    progress: bool = True  # tqdm bar
+    out_dir: str = "runs"
+    run_name: Optional[str] = None  # None = the config file's name (+ "_smoke")
+    overwrite: bool = False  # move a finished run folder aside (<name>.bak-<time>) and start again
+
+
+@dataclass
+class Config:
+    task: TaskConfig = field(default_factory=TaskConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainLoopConfig = field(default_factory=TrainLoopConfig)
+    smoke: List[str] = field(default_factory=list)  # overrides applied by `train.py --smoke`
+
+
+FREE_DICTS = ("data.kwargs", "model.pe_kwargs", "model.kwargs")
+
+
+def schema_keys(cls=Config, prefix: str = "") -> list[str]:
+    """Every valid dotted key of the schema: ``["task.name", ..., "train.overwrite", ...]``."""
+    keys = []
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        sub = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if dataclasses.is_dataclass(sub):
+            keys += schema_keys(sub, key + ".")
+        else:
+            keys.append(key)
+    return keys
+
+
+def _field_type(key: str) -> str:
+    cls, parts = Config, key.split(".")
+    for p in parts:
+        fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+        if p not in fields:
+            return "a value of the type of the schema's field"
+        f = fields[p]
+        cls = f.default_factory if dataclasses.is_dataclass(f.default_factory) else f.type
+    if dataclasses.is_dataclass(cls):
+        return f"a section of keys ({key}.*), not a value"
+    return str(cls).replace("typing.", "")
+
+
+def _check_key(key: str, where: str) -> None:
+    """Refuse a dotted key that is not in the schema (sub-keys of the free dictionaries pass)."""
+    valid = schema_keys()
+    if key in valid or any(key.startswith(d + ".") for d in FREE_DICTS):
+        return
+    if any(v.startswith(key + ".") for v in valid):  # a whole section, e.g. `model:` in a YAML file
+        return
+    near = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
+    if not near:  # the last part may be right under another section, or the section may be right
+        last = key.rsplit(".", 1)[-1]
+        near = [v for v in valid if v.rsplit(".", 1)[-1] == last] or \
+               [v for v in valid if v.startswith(key.split(".")[0] + ".")][:6]
+    hint = f"; nearest valid keys: {', '.join(near)}" if near else ""
+    raise ConfigError(f"unknown config key {key!r} in {where}{hint}")
+
+
+def _flat_keys(d: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and key not in FREE_DICTS and key not in ("smoke",):
+            out += _flat_keys(v, key + ".") if v else [key]
+        else:
+            out.append(key)
+    return out
+
+
+def _merge(cfg: DictConfig, other: DictConfig, where: str) -> DictConfig:
+    for key in _flat_keys(OmegaConf.to_container(other)):
+        _check_key(key, where)
+    try:
+        return OmegaConf.merge(cfg, other)
+    except ConfigKeyError as e:  # should have been caught above; keep the message useful anyway
+        raise ConfigError(f"unknown config key {e.full_key!r} in {where}") from None
+    except OmegaConfBaseException as e:
+        key = str(e.full_key) if e.full_key else _culprit(cfg, other)
+        value = OmegaConf.select(other, key.split("[")[0], default="?")
+        if "[" in key and (isinstance(value, (list, tuple)) or OmegaConf.is_list(value)):  # one list item
+            value = list(value)[int(key.split("[")[1].rstrip("]"))]
+        msg = str(e).splitlines()[0]
+        raise ConfigError(f"config key {key}={value!r} in {where}: expected "
+                          f"{_field_type(key.split('[')[0])} ({msg})") from None
+
+
+def _culprit(cfg: DictConfig, other: DictConfig) -> str:
+    """The first key of ``other`` that does not merge into ``cfg`` alone (when OmegaConf names none)."""
+    flat = other if isinstance(other, dict) else OmegaConf.to_container(other)
+    for key in _flat_keys(flat):
+        one = OmegaConf.create()
+        OmegaConf.update(one, key, OmegaConf.select(other, key), force_add=True)
+        try:
+            OmegaConf.merge(cfg, one)
+        except OmegaConfBaseException:
+            return key
+    return "?"
+
+
+def parse_overrides(overrides: list[str], where: str = "command line") -> DictConfig:
+    """``["a.b=1", ...]`` -> a DictConfig; each item must be ``key=value``."""
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"override {item!r} in {where}: expected key=value, e.g. train.epochs=5")
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"override in {where} could not be parsed: {str(e).splitlines()[0]}") from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = (), *, smoke: bool = False) -> DictConfig:
+    """Defaults <- YAML file <- its ``smoke`` list (if ``smoke``) <- ``overrides``; checked."""
+    cfg = OmegaConf.structured(Config)
+    stem = "default"
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        try:
+            loaded = OmegaConf.load(path)
+        except Exception as e:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from None
+        if not isinstance(loaded, DictConfig):
+            raise ConfigError(f"config file {str(path)!r}: expected a mapping of sections at the top")
+        cfg = _merge(cfg, loaded, str(path))
+        stem = path.stem if path.name != "config.yaml" else path.parent.name  # a run's resolved config
+    if smoke:
+        if not cfg.smoke:
+            raise ConfigError(f"--smoke: the config {str(path)!r} has no `smoke` list of overrides")
+        cfg = _merge(cfg, parse_overrides(list(cfg.smoke), "the smoke list"), "the smoke list")
+    cfg = _merge(cfg, parse_overrides(list(overrides)), "command line")
+    if cfg.train.run_name is None:
+        cfg.train.run_name = stem + ("_smoke" if smoke else "")
+    validate(cfg)
+    return cfg
+
+
+def _choice(key: str, value, choices) -> None:
+    if value not in choices:
+        raise ConfigError(f"config key {key}={value!r}: expected one of {', '.join(map(repr, choices))}")
+
+
+def _positive(key: str, value, allow_zero: bool = False) -> None:
+    if value is not None and not (value >= 0 if allow_zero else value > 0):
+        raise ConfigError(f"config key {key}={value!r}: expected a {'non-negative' if allow_zero else 'positive'} number")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Value checks that types cannot express (choices, ranges); names are checked by the builders."""
+    from vispe.train.tasks import TASKS
+
+    _choice("task.name", cfg.task.name, tuple(TASKS))
+    _choice("train.device", cfg.train.device, DEVICES)
+    _choice("train.amp", cfg.train.amp, AMPS)
+    _choice("optim.schedule", cfg.optim.schedule, SCHEDULES)
+    _choice("optim.name", cfg.optim.name, OPTIMIZERS)
+    for key in ("data.batch_size", "data.eval_batch_size", "data.img_size", "data.train_subset",
+                "data.test_subset", "model.patch_size", "optim.lr", "train.epochs", "train.log_every"):
+        _positive(key, OmegaConf.select(cfg, key))
+    for key in ("data.num_workers", "train.ckpt_every_steps", "optim.weight_decay", "optim.warmup_epochs",
+                "optim.min_lr", "task.label_smoothing"):
+        _positive(key, OmegaConf.select(cfg, key), allow_zero=True)
+    _positive("optim.grad_clip", cfg.optim.grad_clip)
+    if not cfg.train.eval_sizes or any(s <= 0 for s in cfg.train.eval_sizes):
+        raise ConfigError(f"config key train.eval_sizes={list(cfg.train.eval_sizes)}: expected a non-empty "
+                          "list of positive scale factors of the training size, e.g. [0.75, 1.0, 1.5, 2.0]")
+    if len(cfg.optim.betas) != 2:
+        raise ConfigError(f"config key optim.betas={list(cfg.optim.betas)}: expected two numbers")
+    name = cfg.train.run_name
+    if not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise ConfigError(f"config key train.run_name={name!r}: expected a folder name (no slashes)")
+
+
+def for_encoding(cfg: DictConfig, pe: str) -> DictConfig:
+    """The config of one encoding's run: ``pe`` set, no baselines; ``pe_kwargs`` kept only for the main pe."""
+    sub = copy.deepcopy(cfg)
+    if pe != cfg.model.pe:
+        sub.model.pe_kwargs = {}
+    sub.model.pe = pe
+    sub.train.compare = []
+    return sub
+
+
+def encodings(cfg: DictConfig) -> list[str]:
+    """The main encoding first, then the baselines of ``train.compare`` (duplicates dropped)."""
+    out = [cfg.model.pe]
+    for pe in cfg.train.compare:
+        if pe not in out:
+            out.append(pe)
+    return out
+
+
+def diff(old: DictConfig, new: DictConfig) -> dict[str, tuple]:
+    """Dotted keys whose values differ between two configs: ``{key: (old, new)}``."""
+    a = _flatten(OmegaConf.to_container(old, resolve=True))
+    b = _flatten(OmegaConf.to_container(new, resolve=True))
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v and f"{prefix}{k}" not in FREE_DICTS:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg, resolve=True)

@@ -1,0 +1,134 @@
+"""What a run leaves behind: metrics.csv, TensorBoard events, curves.png, summary.json.
+
+The history of per-epoch metrics lives in the checkpoint (``Progress.history``); ``metrics.csv``
+and ``curves.png`` are rewritten from it (atomically) after each epoch, so a run that is killed and
+resumed has exactly one row per epoch. TensorBoard uses the optimiser step as x axis for every
+tag and, on resume, purges the events written after the checkpoint (``purge_step``).
+Only rank 0 logs (``enabled=False`` elsewhere).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+
+
+def atomic_write(path: str | Path, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class RunLog:
+    """CSV + TensorBoard + plot + summary of one encoding's run folder."""
+
+    def __init__(self, run_dir: str | Path, *, enabled: bool = True, purge_step: int | None = None):
+        self.dir, self.enabled, self._tb = Path(run_dir), enabled, None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.dir / "tb"), purge_step=purge_step)
+
+    def scalars(self, step: int, values: dict, prefix: str) -> None:
+        if self._tb is not None:
+            for k, v in values.items():
+                self._tb.add_scalar(f"{prefix}/{k}", v, step)
+
+    def epoch(self, history: list[dict]) -> None:
+        """Log the last epoch of ``history`` and rewrite metrics.csv and curves.png."""
+        if not self.enabled:
+            return
+        row = history[-1]
+        self.scalars(row["step"], {k: v for k, v in row.items() if k not in ("epoch", "step")}, "epoch")
+        self._tb.flush()
+        self.files(history)
+
+    def files(self, history: list[dict]) -> None:
+        """Rewrite metrics.csv and curves.png from ``history`` (atomically)."""
+        if not self.enabled or not history:
+            return
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(history[0]))
+        writer.writeheader()
+        writer.writerows(history)
+        atomic_write(self.dir / "metrics.csv", buf.getvalue())
+        plot_curves(history, self.dir / "curves.png", title=self.dir.name)
+
+    def summary(self, summary: dict) -> None:
+        if self.enabled:
+            atomic_write(self.dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def plot_curves(history: list[dict], path: str | Path, title: str = "") -> None:
+    """Loss and every other metric against the epoch, train and test, in one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [r["epoch"] for r in history]
+    names = sorted({k.split("_", 1)[1] for k in history[0] if k.startswith(("train_", "test_"))},
+                   key=lambda n: (n != "loss", n))  # loss first
+    fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.4), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        for split in ("train", "test"):
+            key = f"{split}_{name}"
+            if key in history[0]:
+                ax.plot(epochs, [r[key] for r in history], marker="o", ms=3, label=split)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write(path, buf.getvalue())
+
+
+def plot_comparison(results: dict[str, list[dict]], path: str | Path, metric: str = "test_acc") -> None:
+    """``metric`` against the epoch for each encoding ``{pe: history}``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for pe, history in results.items():
+        if history and metric in history[0]:
+            ax.plot([r["epoch"] for r in history], [r[metric] for r in history], marker="o", ms=3, label=pe)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write(path, buf.getvalue())
+
+
+def comparison_table(summaries: dict[str, dict], metric: str) -> str:
+    """A Markdown table: one row per encoding, the final ``metric`` at each evaluation size."""
+    sizes = sorted({int(s) for summ in summaries.values() for s in summ["eval"]})
+    head = ["encoding", "params"] + [f"test {metric} @{s}px" for s in sizes] + ["train time"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for pe, summ in summaries.items():
+        cells = [pe, f"{summ['params'] / 1e6:.3f}M"]
+        cells += [f"{summ['eval'][str(s)][metric]:.4f}" if str(s) in summ["eval"] else "-" for s in sizes]
+        cells.append(f"{summ['train_time_s']:.0f}s")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
