@@ -32,6 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from vispe import _checks
 from vispe.attention import Attention, PosContext
+from vispe.models._timm_keys import TimmPosEmbedKeys
 from vispe.coords import resize_mask
 from vispe.registry import build_in, get
 
@@ -55,7 +56,7 @@ class VispeBlock(Block):
         return x
 
 
-class VispeViT(VisionTransformer):
+class VispeViT(TimmPosEmbedKeys, VisionTransformer):
     """timm VisionTransformer with a vispe encoding (see the module docstring)."""
 
     def __init__(self, *, pe: str = "learned_abs", pe_kwargs: dict | None = None, pe_at: str = "input",
@@ -97,55 +98,6 @@ class VispeViT(VisionTransformer):
                 blk.attn.set_pe(build_in(pe, context, **pe_kwargs))
         elif pe_kwargs:
             raise ValueError(f"pe_kwargs={pe_kwargs!r}: the encoding {pe!r} takes no settings")
-
-    # --- timm checkpoint compatibility (learned_abs <-> timm's ``pos_embed``) ------------------------
-    def _timm_keys(self) -> bool:
-        return getattr(self, "pe_name", None) == "learned_abs"
-
-    def state_dict(self, *args, **kwargs):
-        """The state_dict; with ``learned_abs`` its table is saved under timm's key ``pos_embed``
-        ((1, P + h*w, C), prefix vectors first), so stock timm ViTs load it as is."""
-        sd = super().state_dict(*args, **kwargs)
-        if self._timm_keys():
-            pre = kwargs.get("prefix", args[1] if len(args) > 1 else "")
-            grid = sd.pop(pre + "pe.pos_embed")
-            pfx = sd.pop(pre + "pe.prefix_embed", None)
-            sd[pre + "pos_embed"] = grid if pfx is None else torch.cat([pfx, grid], dim=1)
-        return sd
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        if self._timm_keys() and prefix + "pos_embed" in state_dict:
-            self._split_pos_embed(state_dict, prefix)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
-    def _split_pos_embed(self, state_dict: dict, prefix: str) -> None:
-        table = state_dict.pop(prefix + "pos_embed")  # (1, P + n, C) or (1, n, C)
-        P = self.pe.num_prefix_tokens
-        n = table.shape[1] - P
-        old = self.pe.grid if n == self.pe.grid[0] * self.pe.grid[1] else _square_grid(n)
-        pfx, grid = table[:, :P], table[:, P:]
-        if old != self.pe.grid:
-            from vispe.image.learned_abs import resample_grid_table
-
-            grid = resample_grid_table(grid, old, self.pe.grid, interpolation=self.pe.interpolation,
-                                       antialias=self.pe.antialias)
-        state_dict[prefix + "pe.pos_embed"] = grid
-        if P:
-            state_dict[prefix + "pe.prefix_embed"] = pfx
-
-    def load_pos_embed(self, pos_embed: torch.Tensor, grid: tuple[int, int]) -> None:
-        """Load a timm ``pos_embed`` learned for ``grid`` into the ``learned_abs`` encoding."""
-        if not self._timm_keys():
-            raise ValueError(f"load_pos_embed needs pe='learned_abs': this model has pe={self.pe_name!r}")
-        sd = {"pos_embed": pos_embed}
-        P = self.pe.num_prefix_tokens
-        if tuple(grid) != self.pe.grid:
-            sd = {"pos_embed": torch.cat([pos_embed[:, :P], _resample_to(self, pos_embed[:, P:], grid)], 1)}
-        self._split_pos_embed(sd, "")
-        with torch.no_grad():
-            self.pe.pos_embed.copy_(sd["pe.pos_embed"])
-            if P:
-                self.pe.prefix_embed.copy_(sd["pe.prefix_embed"])
 
     def no_weight_decay(self) -> set[str]:
         """timm's set plus every parameter of the encodings (tables, frequencies, prefix vectors)."""
@@ -248,21 +200,6 @@ class VispeViT(VisionTransformer):
         if intermediates_only:
             return outs
         return self.norm(x), outs
-
-
-def _square_grid(n: int) -> tuple[int, int]:
-    side = int(round(n ** 0.5))
-    if side * side != n:
-        raise ValueError(f"pos_embed has {n} grid positions, not a square: load it with "
-                         "load_pos_embed(pos_embed, grid=(h, w)) naming its grid")
-    return side, side
-
-
-def _resample_to(model: VispeViT, grid_table: torch.Tensor, old: tuple[int, int]) -> torch.Tensor:
-    from vispe.image.learned_abs import resample_grid_table
-
-    return resample_grid_table(grid_table, tuple(old), model.pe.grid, interpolation=model.pe.interpolation,
-                               antialias=model.pe.antialias)
 
 
 def create_vit(name: str = "vit_cifar", *, pe: str = "learned_abs", img_size=32, patch_size: int = 4,
