@@ -1,6 +1,8 @@
 """Shared helpers: build any registered encoding for a small model and run it through attention."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -9,6 +11,10 @@ from vispe.attention import Attention, PosContext
 from vispe.registry import build_in
 
 DIM, HEADS = 16, 2
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # one thread per xdist worker: `-n 2` on 2 cores, no OpenMP threads spinning against each other
+    torch.set_num_threads(1)
 
 
 def model_context(grid=(4, 4), num_prefix_tokens=0, dim=DIM, heads=HEADS) -> dict:
