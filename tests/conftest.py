@@ -1,7 +1,9 @@
 """Shared helpers: build any registered encoding for a small model and run it through attention."""
 from __future__ import annotations
 
+import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -47,3 +49,11 @@ def attend(pe, x: torch.Tensor, shape, mask=None, num_prefix_tokens: int = 0) ->
 @pytest.fixture(params=vispe.available())
 def encoding_name(request):
     return request.param
+
+
+def load_train_main():
+    """``main`` of the repository's train.py (a script, not a module of the package)."""
+    spec = importlib.util.spec_from_file_location("vispe_train_script", Path(__file__).resolve().parents[1] / "train.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main

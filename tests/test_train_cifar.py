@@ -3,7 +3,6 @@ every file of the run folder is there and says the same thing as the others."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 from pathlib import Path
 
@@ -20,15 +19,10 @@ from vispe.train.checkpoint import load
 from vispe.train.distributed import DistInfo
 from vispe.train.runner import eval_size
 from vispe.train.tasks import get_task
+from conftest import load_train_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
-
-def _train_main():
-    spec = importlib.util.spec_from_file_location("vispe_train_script", ROOT / "train.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.main
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +32,7 @@ def run(tmp_path_factory):
     args = ["--config", str(ROOT / "configs/cifar10_vit.yaml"), "--smoke", f"data.root={tmp / 'data'}",
             "data.kwargs.verify_md5=false", f"train.out_dir={tmp / 'runs'}", "train.progress=false",
             "train.epochs=2", "train.compare=[none]", "model.embed_dim=32", "model.num_heads=2", "model.depth=2"]
-    assert _train_main()(args) == 0
+    assert load_train_main()(args) == 0
     return tmp / "runs" / "cifar10_vit_smoke", tmp
 
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import re
 import shutil
 from pathlib import Path
@@ -14,6 +13,7 @@ from vispe.data.miniature import write_miniature_cifar10
 from vispe.train import checkpoint as ckpt
 from vispe.train import config as C
 from vispe.train.tasks import get_task
+from conftest import load_train_main
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["data.kwargs.n_train=48", "data.kwargs.n_test=16", "data.batch_size=16", "model.embed_dim=32",
@@ -21,14 +21,8 @@ TINY = ["data.kwargs.n_train=48", "data.kwargs.n_test=16", "data.batch_size=16",
         "train.compare=[]"]
 
 
-def _train_main():
-    spec = importlib.util.spec_from_file_location("vispe_train_script", ROOT / "train.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.main
 
-
-main = _train_main()
+main = load_train_main()
 
 
 def _fingerprint(folder: Path) -> dict:

@@ -7,7 +7,6 @@ also cover the random state of data augmentation; drop-path covers the model's r
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import shutil
@@ -20,16 +19,11 @@ import pytest
 import torch
 
 from vispe.data.miniature import write_miniature_cifar10
+from conftest import load_train_main
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMING = ("epoch_time_s", "img_per_s")
 
-
-def _train_main():
-    spec = importlib.util.spec_from_file_location("vispe_train_script", ROOT / "train.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.main
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +35,7 @@ def setup(tmp_path_factory):
             "data.batch_size=16", "train.epochs=2", "train.ckpt_every_steps=3", "model.drop_path_rate=0.1",
             "model.embed_dim=32", "model.num_heads=2", "model.depth=2", "train.eval_sizes=[1.0,1.5]",
             "optim.warmup_epochs=0.5"]
-    main = _train_main()
+    main = load_train_main()
     assert main(args + ["train.run_name=straight"]) == 0  # 7 steps per epoch, 14 in all
     return tmp, args, main
 

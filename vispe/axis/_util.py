@@ -29,3 +29,13 @@ def with_head_axis(pairs: torch.Tensor) -> torch.Tensor:
 def heads_last_to_front(t: torch.Tensor) -> torch.Tensor:
     """(..., Nq, Nk, H) -> (..., H, Nq, Nk)."""
     return t.movedim(-1, -3)
+
+
+def check_qk(q: torch.Tensor, k: torch.Tensor, q_pos, k_pos, num_heads: int, head_dim: int) -> None:
+    """q, k as (..., num_heads, N, head_dim) and their positions of matching lengths, or a ValueError."""
+    for name, x in (("q", q), ("k", k)):
+        if x.dim() < 3 or x.shape[-3] != num_heads or x.shape[-1] != head_dim:
+            raise ValueError(f"{name} has shape {tuple(x.shape)}: expected (..., num_heads={num_heads}, "
+                             f"N, head_dim={head_dim})")
+    positions("q_pos", q_pos, q.shape[-2])
+    positions("k_pos", k_pos, k.shape[-2])

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from vispe import _checks
-from vispe.axis._util import positions, with_head_axis
+from vispe.axis._util import check_qk, with_head_axis
 from vispe.axis.relative import relative_offsets
 
 POSITION_TERMS = ("c2p", "p2c")
@@ -84,7 +84,7 @@ class DebertaRelative(nn.Module):
 
     def terms(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> dict:
         """``{"c2c", "c2p", "p2c"}`` (unscaled, the chosen ones), each (B, H, Nq, Nk)."""
-        self._check(q, k, q_pos, k_pos)
+        check_qk(q, k, q_pos, k_pos, self.num_heads, self.head_dim)
         out = {"c2c": q @ k.transpose(-2, -1)}  # (B, H, Nq, Nk)
         delta = deberta_delta(q_pos, k_pos, self.max_distance)  # (..., Nq, Nk), delta(i, j)
         if self.w_kr is not None:
@@ -100,14 +100,6 @@ class DebertaRelative(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         return sum(self.terms(q, k, q_pos, k_pos).values()) * self.scale  # (B, H, Nq, Nk)
-
-    def _check(self, q, k, q_pos, k_pos) -> None:
-        for name, x in (("q", q), ("k", k)):
-            if x.dim() < 3 or x.shape[-3] != self.num_heads or x.shape[-1] != self.head_dim:
-                raise ValueError(f"{name} has shape {tuple(x.shape)}: expected (..., num_heads={self.num_heads}, "
-                                 f"N, head_dim={self.head_dim})")
-        positions("q_pos", q_pos, q.shape[-2])
-        positions("k_pos", k_pos, k.shape[-2])
 
     def extra_repr(self) -> str:
         return (f"num_heads={self.num_heads}, head_dim={self.head_dim}, max_distance={self.max_distance}, "

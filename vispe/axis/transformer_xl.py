@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from vispe import _checks
-from vispe.axis._util import positions, with_head_axis
+from vispe.axis._util import check_qk, with_head_axis
 from vispe.axis.relative import relative_offsets
 from vispe.axis.sinusoidal import LAYOUTS, sinusoidal
 
@@ -57,7 +57,7 @@ class TransformerXLRelative(nn.Module):
 
     def terms(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> dict:
         """The four terms ``{"a", "b", "c", "d"}`` of A_ij, each broadcasting to (B, H, Nq, Nk)."""
-        self._check(q, k, q_pos, k_pos)
+        check_qk(q, k, q_pos, k_pos, self.num_heads, self.head_dim)
         offsets = -relative_offsets(q_pos, k_pos)  # (..., Nq, Nk), i - j
         r, inverse = self.relative_keys(offsets)  # (U, H, d), (..., Nq, Nk)
         r = r.to(q.dtype)
@@ -75,14 +75,6 @@ class TransformerXLRelative(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         t = self.terms(q, k, q_pos, k_pos)
         return t["a"] + t["b"] + t["c"] + t["d"]  # (B, H, Nq, Nk), unscaled
-
-    def _check(self, q, k, q_pos, k_pos) -> None:
-        for name, x in (("q", q), ("k", k)):
-            if x.dim() < 3 or x.shape[-3] != self.num_heads or x.shape[-1] != self.head_dim:
-                raise ValueError(f"{name} has shape {tuple(x.shape)}: expected (..., num_heads={self.num_heads}, "
-                                 f"N, head_dim={self.head_dim})")
-        positions("q_pos", q_pos, q.shape[-2])
-        positions("k_pos", k_pos, k.shape[-2])
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, head_dim={self.head_dim}, rel_dim={self.rel_dim}"

@@ -24,7 +24,6 @@ relative ones resize). ``learned_abs`` keeps timm's ``pos_embed`` key, so timm c
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from timm.layers import Format
 from timm.models.vision_transformer import Block, VisionTransformer
 from torch import nn
