@@ -80,6 +80,16 @@ class PositionEncoding(nn.Module):
         self._cache.clear()
         return super().train(mode)
 
+    def resolve_device(self, device=None, like: torch.Tensor | None = None) -> torch.device:
+        """The device of a call: ``device`` if given, else that of ``like`` (a mask or the queries),
+        else that of the encoding's first parameter, else the CPU."""
+        if device is not None:
+            return torch.device(device)
+        if like is not None:
+            return like.device
+        p = next(self.parameters(), None)
+        return p.device if p is not None else torch.device("cpu")
+
     def resize_(self, shape: tuple[int, int]) -> "PositionEncoding":
         """Make stored tables fit grid ``shape``; fixed encodings have nothing to do."""
         return self
@@ -117,5 +127,3 @@ class ConditionalEncoding(PositionEncoding):
     dim: int
 
 
-def as_device(device) -> torch.device:
-    return torch.device(device) if device is not None else torch.device("cpu")

@@ -13,7 +13,7 @@ from torch import nn
 
 from vispe import _checks
 from vispe.coords import VALID_MODES as COORD_MODES, float32_math, grid_coords, valid_coords  # noqa: F401
-from vispe.encoding import AdditiveEncoding, as_device
+from vispe.encoding import AdditiveEncoding
 
 
 def axis_positions(shape: tuple[int, int], mask: torch.Tensor | None, mode: str, *,
@@ -60,9 +60,7 @@ class AdditiveBase(AdditiveEncoding):
         """Checked ``(h, w), mask, device, dtype`` of a forward call."""
         shape = _checks.grid_shape("shape", shape)
         mask = _checks.mask_for("mask", mask, shape)
-        if device is None:
-            device = mask.device if mask is not None else default_device(self)
-        device = as_device(device)
+        device = self.resolve_device(device, mask)
         if dtype is None:
             dtype = default_dtype
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
@@ -79,8 +77,3 @@ class AdditiveBase(AdditiveEncoding):
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_prefix_tokens={self.num_prefix_tokens}"
 
-
-def default_device(module: nn.Module) -> torch.device:
-    """The device of the module's first parameter, else CPU."""
-    p = next(module.parameters(), None)
-    return p.device if p is not None else torch.device("cpu")

@@ -101,12 +101,7 @@ class BiasBase(BiasEncoding):
             q = self._check_q(q, shape[0] * shape[1])
         else:
             q = None  # a non-contextual bias does not read the queries
-        if device is not None:
-            device = torch.device(device)
-        elif q is not None:
-            device = q.device
-        else:
-            device = next(self.parameters()).device
+        device = self.resolve_device(device, q)
         with float32_math(device):
             bias = self.add_prefix(self.grid_bias(shape, device, q))  # (1|B, H, P+N, P+N) float32
         return bias if dtype is None else bias.to(dtype)

@@ -72,10 +72,6 @@ class RotaryBase(RotaryEncoding):
         """Float32 angles ``(B|1, heads|1, N, head_dim/2)`` of coordinates ``coords`` (B|1, N, 2)."""
         raise NotImplementedError
 
-    def _default_device(self) -> torch.device:
-        p = next(iter(self.parameters()), None)
-        return p.device if p is not None else torch.device("cpu")
-
     def _augmenting(self) -> bool:
         return self.training and (self.shift > 0 or self.jitter > 0)
 
@@ -89,8 +85,7 @@ class RotaryBase(RotaryEncoding):
         """Angles of the grid tokens, float32.  # (B|1, heads|1, h*w, head_dim/2)"""
         shape = _checks.grid_shape("shape", shape)
         mask = _checks.mask_for("mask", mask, shape)
-        device = torch.device(device) if device is not None else (
-            mask.device if mask is not None else self._default_device())
+        device = self.resolve_device(device, mask)
         with float32_math(device):
             return self.grid_angles(shape, mask, device)
 
