@@ -9,7 +9,7 @@ checkpoints load) and adds, per call, a ``PosContext`` that says where the token
   get angle 0 (unrotated); q and k are rotated in float32 and cast back;
 * bias: the layer's own ``pe`` (a BiasEncoding) gives (B|1, heads, L, L) logits bias, passed to
   ``scaled_dot_product_attention`` as a float ``attn_mask`` (this leaves the flash kernel: torch
-  then uses the memory-efficient or math kernel; see ``sdpa_kernel_hint``);
+  then uses the memory-efficient or math kernel);
 * key padding: ``ctx.key_padding_mask`` (B, L), True = padding, masks keys of padded tokens.
 
 Tokens are ``[prefix (P), grid (h*w, row-major)]``.
@@ -138,15 +138,3 @@ class Attention(TimmAttention):
                              f"(grid {ctx.shape} + {ctx.num_prefix_tokens} prefix tokens)")
         return bias
 
-
-def sdpa_kernel_hint(q: torch.Tensor, attn_mask: torch.Tensor | None) -> str:
-    """Which fused kernel family can serve this call: 'flash' needs no mask on CUDA fp16/bf16;
-    a boolean or float mask rules flash out ('efficient' on CUDA, 'math' or the CPU kernel otherwise).
-
-    A hint from the documented eligibility rules, not a record of what ran.
-    """
-    if q.device.type != "cuda":
-        return "cpu"
-    if attn_mask is None and q.dtype in (torch.float16, torch.bfloat16):
-        return "flash"
-    return "efficient"
