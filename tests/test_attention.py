@@ -146,3 +146,67 @@ def test_bad_input_is_refused_clearly():
         make(FixedRope())(torch.randn(1, 4, DIM))
     with pytest.raises(ValueError, match="ctx.pos"):
         make()(torch.randn(1, 4, DIM), ctx=PosContext((2, 2), pos=torch.randn(1, 5, DIM)))
+
+
+def cross_reference(attn, x, mem, *, qpos=None, kpos=None, kpm=None):
+    """Cross-attention in float64: q from x + qpos, k from mem + kpos, v from mem (DETR's decoder)."""
+    a = attn.double()
+    B, Lq, C = x.shape
+    Lk = mem.shape[1]
+    W, b = a.qkv.weight, a.qkv.bias
+    xq = x.double() + (0 if qpos is None else qpos.double())
+    mk = mem.double() + (0 if kpos is None else kpos.double())
+    q = (xq @ W[:C].T + b[:C]).view(B, Lq, HEADS, HD).transpose(1, 2)
+    k = (mk @ W[C:2 * C].T + b[C:2 * C]).view(B, Lk, HEADS, HD).transpose(1, 2)
+    v = (mem.double() @ W[2 * C:].T + b[2 * C:]).view(B, Lk, HEADS, HD).transpose(1, 2)
+    s = q @ k.transpose(-1, -2) / math.sqrt(HD)
+    if kpm is not None:
+        s = s.masked_fill(kpm[:, None, None, :], float("-inf"))
+    o = (s.softmax(-1) @ v).transpose(1, 2).reshape(B, Lq, C)
+    out = a.proj(o)
+    attn.float()
+    return out.float()
+
+
+def test_cross_attention_query_and_key_positions_apart_with_key_padding():
+    attn = make()
+    x, mem = torch.randn(2, 5, DIM), torch.randn(2, 6, DIM)  # 5 queries, memory of a 2x3 grid
+    qpos, kpos = torch.randn(1, 5, DIM), torch.randn(2, 6, DIM)
+    mask = torch.zeros(2, 2, 3, dtype=torch.bool)
+    mask[1, :, 2] = True  # image 1: last column is padding
+    out = attn(x, ctx=PosContext(pos=qpos), memory=mem, memory_ctx=PosContext((2, 3), mask=mask, pos=kpos))
+    ref = cross_reference(attn, x, mem, qpos=qpos, kpos=kpos, kpm=mask.flatten(1))
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    # the query position reaches q only: changing it changes the output; the memory's padded keys do not matter
+    mem2 = mem.clone()
+    mem2[1].view(2, 3, DIM)[:, 2] += 5.0
+    out2 = attn(x, ctx=PosContext(pos=qpos), memory=mem2, memory_ctx=PosContext((2, 3), mask=mask, pos=kpos))
+    torch.testing.assert_close(out2, out, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(attn(x, memory=mem, memory_ctx=PosContext((2, 3), mask=mask, pos=kpos)), out, atol=1e-3)
+
+
+def test_cross_attention_without_positions_equals_torch_multihead_attention():
+    attn = make()
+    mha = torch.nn.MultiheadAttention(DIM, HEADS, batch_first=True).eval()
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(attn.qkv.weight)
+        mha.in_proj_bias.copy_(attn.qkv.bias)
+        mha.out_proj.weight.copy_(attn.proj.weight)
+        mha.out_proj.bias.copy_(attn.proj.bias)
+    x, mem = torch.randn(2, 4, DIM), torch.randn(2, 9, DIM)
+    kpm = torch.zeros(2, 9, dtype=torch.bool)
+    kpm[0, 6:] = True
+    ours = attn(x, memory=mem, memory_ctx=PosContext((3, 3), mask=kpm.view(2, 3, 3)))
+    ref, _ = mha(x, mem, mem, key_padding_mask=kpm)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_cross_attention_refuses_rotary_and_bad_shapes():
+    with pytest.raises(ValueError, match="cross-attention takes additive positions only"):
+        make(FixedRope())(torch.randn(1, 3, DIM), ctx=PosContext((1, 3)), memory=torch.randn(1, 4, DIM))
+    with pytest.raises(ValueError, match=r"memory has shape \(2, 4, 32\)"):
+        make()(torch.randn(1, 3, DIM), memory=torch.randn(2, 4, DIM))
+    with pytest.raises(ValueError, match=r"memory_ctx.pos has shape"):
+        make()(torch.randn(1, 3, DIM), memory=torch.randn(1, 4, DIM), memory_ctx=PosContext(pos=torch.randn(1, 5, DIM)))
+    with pytest.raises(ValueError, match="memory_ctx is given without memory"):
+        make()(torch.randn(1, 3, DIM), memory_ctx=PosContext((1, 3)))

@@ -1,10 +1,10 @@
-"""One multi-head self-attention that takes any vispe encoding, on torch's fused SDPA.
+"""One multi-head attention that takes any vispe encoding, on torch's fused SDPA.
 
 ``Attention`` subclasses timm's ``Attention`` (same parameters, same state_dict keys, so timm
 checkpoints load) and adds, per call, a ``PosContext`` that says where the tokens are:
 
 * additive at every layer (DETR style): ``ctx.pos`` (B|1, L, C) is added to the inputs of q and k
-  (not v); by linearity this is ``q += pos @ W_q^T`` and ``k += pos @ W_k^T``;
+  (not v): ``q, k = W_qk (x + pos)``, ``v = W_v x``, as DETR and transformers' DETR compute it;
 * rotary: the layer's own ``pe`` (a RotaryEncoding) gives angles for the grid tokens; prefix tokens
   get angle 0 (unrotated); q and k are rotated in float32 and cast back;
 * bias: the layer's own ``pe`` (a BiasEncoding) gives (B|1, heads, L, L) logits bias, passed to
@@ -12,7 +12,15 @@ checkpoints load) and adds, per call, a ``PosContext`` that says where the token
   then uses the memory-efficient or math kernel);
 * key padding: ``ctx.key_padding_mask`` (B, L), True = padding, masks keys of padded tokens.
 
-Tokens are ``[prefix (P), grid (h*w, row-major)]``.
+Cross-attention (DETR's decoder): ``attn(x, ctx=query_ctx, memory=m, memory_ctx=memory_ctx)``
+takes q from ``x`` (B, Lq, C) and k, v from ``memory`` (B, Lk, C) with the same fused weights
+(``qkv`` rows q, k, v, as ``nn.MultiheadAttention``'s ``in_proj_weight``). Query and key positions
+are apart: ``ctx.pos`` (B|1, Lq, C) is added to the query input, ``memory_ctx.pos`` (B|1, Lk, C)
+to the key input, and ``memory_ctx``'s padding mask hides padded keys. Rotary and bias encodings
+need both sides on one grid, so a layer with ``pe`` refuses cross-attention.
+
+Tokens are ``[prefix (P), grid (h*w, row-major)]``; a context without a grid (``shape=None``,
+e.g. DETR's object queries) carries only ``pos``.
 """
 from __future__ import annotations
 
@@ -31,7 +39,7 @@ from vispe.encoding import BiasEncoding, PositionEncoding, RotaryEncoding
 class PosContext:
     """Where the tokens of one forward pass are; built once per forward by the model."""
 
-    shape: tuple[int, int]  # token grid (h, w)
+    shape: tuple[int, int] | None = None  # token grid (h, w); None for tokens without a grid
     num_prefix_tokens: int = 0
     mask: torch.Tensor | None = None  # (B, h, w) True = padding
     pos: torch.Tensor | None = None  # (B|1, P + h*w, C) additive code for q/k (DETR style)
@@ -78,13 +86,22 @@ class Attention(TimmAttention):
         self.pe = pe
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
-                ctx: PosContext | None = None) -> torch.Tensor:
+                ctx: PosContext | None = None, *, memory: torch.Tensor | None = None,
+                memory_ctx: PosContext | None = None) -> torch.Tensor:
+        """Self-attention over ``x`` (B, L, C), or cross-attention from ``x`` to ``memory`` (B, Lk, C)."""
         B, L, C = x.shape
-        q, k, v = self._qkv(x, ctx)  # (B, heads, L, head_dim) each
+        if memory is None:
+            if memory_ctx is not None:
+                raise ValueError("memory_ctx is given without memory: expected memory=(B, Lk, C) for cross-attention")
+            q, k, v = self._qkv(x, ctx)  # (B, heads, L, head_dim) each
+            kv_ctx = ctx
+        else:
+            q, k, v = self._cross_qkv(x, ctx, memory, memory_ctx)  # q (B, heads, L, hd); k, v (B, heads, Lk, hd)
+            kv_ctx = memory_ctx
         q, k = self.q_norm(q), self.k_norm(k)
         mask = attn_mask
         if self.pe is not None:
-            if ctx is None:
+            if ctx is None or ctx.shape is None:
                 raise ValueError(f"this layer has a {self.pe.family} encoding: expected a PosContext "
                                  "(ctx=...) giving the token grid")
             if self.pe.family == "rotary":
@@ -92,10 +109,12 @@ class Attention(TimmAttention):
             else:
                 bias = self._bias(q, ctx)  # (B|1, heads, L, L)
                 mask = bias if mask is None else mask + bias
-        kpm = ctx.key_padding_mask if ctx is not None else None
+        kpm = kv_ctx.key_padding_mask if kv_ctx is not None else None
         if kpm is not None:
+            if kpm.shape != (B, k.shape[-2]):
+                raise ValueError(f"the padding mask covers {tuple(kpm.shape)} (B, keys): expected ({B}, {k.shape[-2]})")
             if mask is None:
-                mask = ~kpm[:, None, None, :]  # (B, 1, 1, L) True = attend
+                mask = ~kpm[:, None, None, :]  # (B, 1, 1, Lk) True = attend
             else:
                 mask = mask.masked_fill(kpm[:, None, None, :], float("-inf"))
         if mask is not None and mask.dtype != torch.bool:
@@ -107,17 +126,41 @@ class Attention(TimmAttention):
         x = self.proj(x)
         return self.proj_drop(x)
 
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:  # (B, L, A) -> (B, heads, L, head_dim)
+        return t.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)
+
+    def _project(self, x: torch.Tensor, rows: slice) -> torch.Tensor:
+        """``x`` through the rows ``rows`` of the fused qkv projection.  # (B, L, len(rows))"""
+        bias = self.qkv.bias[rows] if self.qkv.bias is not None else None
+        return F.linear(x, self.qkv.weight[rows], bias)
+
     def _qkv(self, x: torch.Tensor, ctx: PosContext | None):
         B, L, _ = x.shape
-        qkv = self.qkv(x)  # (B, L, 3*A)
-        if ctx is not None and ctx.pos is not None:
-            if ctx.pos.shape[-2:] != (L, x.shape[-1]):
-                raise ValueError(f"ctx.pos has shape {tuple(ctx.pos.shape)}: expected (B|1, {L}, {x.shape[-1]})")
-            w_qk = self.qkv.weight[: 2 * self.attn_dim]  # (2A, C)
-            pos_qk = F.linear(ctx.pos.to(x.dtype), w_qk)  # (B|1, L, 2A)
-            qkv = qkv + F.pad(pos_qk, (0, self.attn_dim))
-        qkv = qkv.reshape(B, L, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        return qkv.unbind(0)
+        pos = _checked_pos(ctx, L, x, "ctx.pos")
+        if pos is None:
+            qkv = self.qkv(x)  # (B, L, 3*A)
+            qkv = qkv.reshape(B, L, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+            return qkv.unbind(0)
+        A = self.attn_dim
+        qk = self._project(x + pos, slice(0, 2 * A))  # (B, L, 2A): position on q and k
+        v = self._project(x, slice(2 * A, 3 * A))  # (B, L, A): none on v
+        q, k = qk.chunk(2, dim=-1)
+        return self._heads(q), self._heads(k), self._heads(v)
+
+    def _cross_qkv(self, x: torch.Tensor, ctx: PosContext | None, memory: torch.Tensor,
+                   memory_ctx: PosContext | None):
+        if memory.dim() != 3 or memory.shape[0] != x.shape[0] or memory.shape[-1] != x.shape[-1]:
+            raise ValueError(f"memory has shape {tuple(memory.shape)}: expected ({x.shape[0]}, Lk, {x.shape[-1]})")
+        if self.pe is not None:
+            raise ValueError(f"this layer has a {self.pe.family} encoding, which needs queries and keys on one "
+                             "grid: cross-attention takes additive positions only (ctx.pos, memory_ctx.pos)")
+        A = self.attn_dim
+        qpos = _checked_pos(ctx, x.shape[1], x, "ctx.pos")
+        kpos = _checked_pos(memory_ctx, memory.shape[1], memory, "memory_ctx.pos")
+        q = self._project(x if qpos is None else x + qpos, slice(0, A))  # (B, Lq, A)
+        k = self._project(memory if kpos is None else memory + kpos, slice(A, 2 * A))  # (B, Lk, A)
+        v = self._project(memory, slice(2 * A, 3 * A))  # (B, Lk, A)
+        return self._heads(q), self._heads(k), self._heads(v)
 
     def _rotate(self, q: torch.Tensor, k: torch.Tensor, ctx: PosContext):
         angles = self.pe(ctx.shape, ctx.mask, device=q.device)  # (B|1, heads|1, N, hd/2) float32
@@ -138,3 +181,12 @@ class Attention(TimmAttention):
                              f"(grid {ctx.shape} + {ctx.num_prefix_tokens} prefix tokens)")
         return bias
 
+
+def _checked_pos(ctx: PosContext | None, L: int, x: torch.Tensor, name: str) -> torch.Tensor | None:
+    """``ctx.pos`` checked against tokens ``x`` (B, L, C) and cast to their dtype, or None."""
+    if ctx is None or ctx.pos is None:
+        return None
+    pos = ctx.pos
+    if pos.dim() != 3 or pos.shape[0] not in (1, x.shape[0]) or pos.shape[-2:] != (L, x.shape[-1]):
+        raise ValueError(f"{name} has shape {tuple(pos.shape)}: expected (B|1, {L}, {x.shape[-1]})")
+    return pos.to(x.dtype)
