@@ -1,0 +1,127 @@
+"""Backbones of the DETR-style detector: images (B, 3, H, W) + padding mask -> features + mask.
+
+Every backbone has ``num_channels``, ``stride`` and ``forward(images, mask) -> (features (B, C,
+h, w), mask (B, h, w))``; the mask (True = padding) is brought to the feature grid with
+``vispe.coords.resize_mask`` (nearest), as DETR does.
+
+* ``ResNetBackbone``: torchvision's ResNet-18/34/50/101 with ``FrozenBatchNorm2d`` (DETR's
+  backbone: batch-norm statistics and affine frozen; the stem and layer1 frozen, layer2-4
+  trained), returning layer4 (stride 32; 16 with ``dilation=True``, DETR-DC5). Parameter names
+  are torchvision's, which are also timm's (``conv1``, ``bn1``, ``layer1.0.conv1``, ...), so
+  torchvision, timm, DETR and transformers' (timm backbone) weights load. ``weights`` is a local
+  file (a state_dict, or a dict holding one under "model" / "state_dict"); nothing downloads.
+  Like DETR's, its convolutions see padded pixels through the normalisation biases, so near the
+  border of a padded image its features depend on the padding (transformers#23218): batch
+  invariance holds from the projection on, not through this backbone.
+* ``SmallCNN``: a light mask-aware CNN for CPU-scale runs (four stride-2 stages, stride 16,
+  per-pixel channel LayerNorm, no batch statistics). Padded features are set to zero after
+  every convolution, which is what the convolution's own zero padding gives an image alone, so an
+  image alone and the same image padded in a batch (padded to a multiple of the stride) get
+  the same features on their valid area.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torchvision
+from timm.layers import LayerNorm2d
+from torch import nn
+from torchvision.models._utils import IntermediateLayerGetter
+from torchvision.ops.misc import FrozenBatchNorm2d
+
+from vispe import _checks
+from vispe.coords import resize_mask
+
+RESNETS = {"resnet18": 512, "resnet34": 512, "resnet50": 2048, "resnet101": 2048}
+BACKBONES = (*RESNETS, "small_cnn")
+
+
+class ResNetBackbone(nn.Module):
+    """torchvision ResNet with frozen batch norm, returning layer4 (DETR's backbone)."""
+
+    def __init__(self, name: str = "resnet50", *, weights: str | Path | None = None, dilation: bool = False,
+                 train_backbone: bool = True) -> None:
+        super().__init__()
+        _checks.choice("backbone", name, tuple(RESNETS))
+        net = getattr(torchvision.models, name)(weights=None, norm_layer=FrozenBatchNorm2d,
+                                                replace_stride_with_dilation=[False, False, bool(dilation)])
+        if weights is not None:
+            load_backbone_weights(net, weights)
+        for pname, p in net.named_parameters():  # DETR trains layer2-4 only
+            if not train_backbone or not pname.startswith(("layer2", "layer3", "layer4")):
+                p.requires_grad_(False)
+        self.body = IntermediateLayerGetter(net, return_layers={"layer4": "out"})
+        self.num_channels = RESNETS[name]
+        self.stride = 16 if dilation else 32
+
+    def forward(self, images: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.body(images)["out"]  # (B, C, h, w)
+        return x, resize_mask(mask, x.shape[-2:])  # (B, h, w)
+
+
+def load_backbone_weights(net: nn.Module, weights: str | Path) -> None:
+    """Load a local torchvision/timm ResNet state_dict into ``net`` (the classifier ``fc`` is optional)."""
+    path = Path(weights)
+    if not path.is_file():
+        raise ValueError(f"backbone_weights={str(path)!r}: no such file (expected a local ResNet state_dict; "
+                         "vispe downloads nothing)")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    for key in ("model", "state_dict"):
+        if isinstance(state, dict) and key in state and isinstance(state[key], dict):
+            state = state[key]
+    state = {k.removeprefix("module."): v for k, v in state.items() if not k.startswith("fc.")}
+    own = {k: v for k, v in net.state_dict().items() if not k.startswith("fc.")}
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    shapes = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+              for k in sorted(set(own) & set(state)) if state[k].shape != own[k].shape]
+    if missing or unexpected or shapes:
+        raise ValueError(f"backbone_weights={str(path)!r} does not fit the ResNet: missing {missing[:4]}, "
+                         f"unexpected {unexpected[:4]}, shapes {shapes[:4]}")
+    net.load_state_dict(state, strict=False)
+
+
+class SmallCNN(nn.Module):
+    """Stride-2 stages (conv 3x3 s2 -> LayerNorm2d -> ReLU, conv 3x3 -> ReLU), mask-aware.
+
+    Args:
+        widths: channels of the four stages (the last is ``num_channels``).
+        in_chans: image channels.
+    """
+
+    def __init__(self, widths: tuple[int, ...] = (32, 64, 128, 256), in_chans: int = 3) -> None:
+        super().__init__()
+        widths = tuple(widths)
+        if not widths or any(not isinstance(c, int) or c <= 0 for c in widths):
+            raise ValueError(f"widths={widths!r}: expected a non-empty tuple of positive integers")
+        layers, c_in = [], in_chans
+        for c in widths:  # each stage: a stride-2 conv block, then a stride-1 one
+            layers.append(nn.Sequential(nn.Conv2d(c_in, c, 3, stride=2, padding=1), LayerNorm2d(c), nn.ReLU(inplace=True)))
+            layers.append(nn.Sequential(nn.Conv2d(c, c, 3, padding=1), nn.ReLU(inplace=True)))
+            c_in = c
+        self.layers = nn.ModuleList(layers)
+        self.num_channels = widths[-1]
+        self.stride = 2 ** len(widths)
+
+    def forward(self, images: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = images * (~mask)[:, None].to(images.dtype)  # (B, 3, H, W), padding zeroed
+        for layer in self.layers:  # padded cells zeroed after every convolution, as its own zero padding
+            x = layer(x)  # (B, C, h, w)
+            mask_h = resize_mask(mask, x.shape[-2:])  # (B, h, w)
+            x = x * (~mask_h)[:, None].to(x.dtype)
+        return x, mask_h
+
+
+def build_backbone(name: str, *, weights=None, dilation: bool = False, train_backbone: bool = True,
+                   widths=None) -> nn.Module:
+    """The backbone named ``name`` (``BACKBONES``); options that do not apply to it are refused."""
+    _checks.choice("backbone", name, BACKBONES)
+    if name == "small_cnn":
+        for opt, value, default in (("backbone_weights", weights, None), ("dilation", dilation, False),
+                                    ("train_backbone", train_backbone, True)):
+            if value != default:
+                raise ValueError(f"{opt}={value!r}: not an option of backbone='small_cnn' (it is trained from scratch)")
+        return SmallCNN(widths) if widths is not None else SmallCNN()
+    if widths is not None:
+        raise ValueError(f"backbone_widths={widths!r}: only backbone='small_cnn' takes widths")
+    return ResNetBackbone(name, weights=weights, dilation=dilation, train_backbone=train_backbone)

@@ -1,0 +1,111 @@
+"""DETR's set criterion: match, then classification and box losses (and the same per decoder layer).
+
+For the predictions matched to targets by ``HungarianMatcher`` (and every other query as "no object"):
+
+    loss_ce   = cross-entropy over K + 1 classes, the "no object" class weighted ``eos_coef`` (0.1)
+    loss_bbox = sum of L1 distances of matched boxes / num_boxes
+    loss_giou = sum of (1 - GIoU) of matched boxes / num_boxes        (torchvision.ops)
+    loss      = 1 * loss_ce + 5 * loss_bbox + 2 * loss_giou  (+ the same for every ``aux_outputs`` entry)
+
+``num_boxes`` is the number of target boxes in the batch, summed over processes when
+torch.distributed is initialised and divided by the world size (DETR), at least 1.
+Targets are checked first (``check_targets``): boxes (N, 4) normalised (cx, cy, w, h) inside the
+image with positive size, labels int64 in [0, num_classes); anything else is a ValueError
+naming the image, the box and its value.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torchvision.ops import box_convert, generalized_box_iou_loss
+
+from vispe.models.detr.matcher import HungarianMatcher
+
+TOLERANCE = 1e-4  # boxes may exceed the image by this much (rounding of normalised coordinates)
+
+
+def check_targets(targets: list[dict], num_classes: int, batch: int | None = None) -> None:
+    """Refuse malformed targets with a message naming the image and the value (see module docstring)."""
+    if not isinstance(targets, (list, tuple)) or (batch is not None and len(targets) != batch):
+        got = len(targets) if isinstance(targets, (list, tuple)) else type(targets).__name__
+        raise ValueError(f"targets has {got} entries: expected a list of one dict per image ({batch})")
+    for i, t in enumerate(targets):
+        if not isinstance(t, dict) or "boxes" not in t or "labels" not in t:
+            raise ValueError(f"targets[{i}] is {type(t).__name__} without 'boxes' and 'labels': expected a dict "
+                             "with boxes (N, 4) normalised cx, cy, w, h and labels (N,)")
+        boxes, labels = t["boxes"], t["labels"]
+        if boxes.dim() != 2 or boxes.shape[-1] != 4 or labels.shape != boxes.shape[:1]:
+            raise ValueError(f"targets[{i}] has boxes {tuple(boxes.shape)} and labels {tuple(labels.shape)}: "
+                             "expected (N, 4) and (N,)")
+        if labels.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"targets[{i}]['labels'] has dtype {labels.dtype}: expected torch.int64 class ids")
+        bad = ((labels < 0) | (labels >= num_classes)).nonzero()
+        if len(bad):
+            j = int(bad[0])
+            raise ValueError(f"targets[{i}]['labels'][{j}]={int(labels[j])}: expected a class id in [0, {num_classes})")
+        if not len(boxes):
+            continue
+        xyxy = box_convert(boxes.float(), "cxcywh", "xyxy")  # (N, 4)
+        ok = torch.isfinite(boxes).all(-1) & (boxes[:, 2] > 0) & (boxes[:, 3] > 0) & \
+            (xyxy[:, :2] >= -TOLERANCE).all(-1) & (xyxy[:, 2:] <= 1 + TOLERANCE).all(-1)
+        if not ok.all():
+            j = int((~ok).nonzero()[0])
+            raise ValueError(f"targets[{i}]['boxes'][{j}]={[round(float(v), 4) for v in boxes[j]]}: expected a box "
+                             "(cx, cy, w, h) normalised to the image, with w > 0 and h > 0 and inside [0, 1]")
+
+
+class SetCriterion(nn.Module):
+    """DETR's loss (module docstring). ``forward(outputs, targets) -> {"loss", "loss_ce", ...}``."""
+
+    def __init__(self, num_classes: int, matcher: HungarianMatcher | None = None, *, eos_coef: float = 0.1,
+                 weight_ce: float = 1.0, weight_bbox: float = 5.0, weight_giou: float = 2.0) -> None:
+        super().__init__()
+        if not isinstance(num_classes, int) or num_classes < 1:
+            raise ValueError(f"num_classes={num_classes!r}: expected a positive integer")
+        if not 0 < eos_coef <= 1:
+            raise ValueError(f"eos_coef={eos_coef!r}: expected a weight in (0, 1]")
+        self.num_classes = num_classes
+        self.matcher = matcher or HungarianMatcher()
+        self.weights = {"loss_ce": float(weight_ce), "loss_bbox": float(weight_bbox), "loss_giou": float(weight_giou)}
+        empty_weight = torch.ones(num_classes + 1)
+        empty_weight[-1] = eos_coef
+        self.register_buffer("empty_weight", empty_weight, persistent=False)
+
+    def forward(self, outputs: dict, targets: list[dict]) -> dict:
+        check_targets(targets, self.num_classes, outputs["pred_logits"].shape[0])
+        device = outputs["pred_logits"].device
+        targets = [{"boxes": t["boxes"].to(device), "labels": t["labels"].to(device, torch.int64)} for t in targets]
+        num_boxes = _num_boxes(targets, device)
+        losses, total = {}, 0.0
+        for i, out in enumerate([outputs, *outputs.get("aux_outputs", [])]):  # final layer, then aux layers 0..L-2
+            part = self._losses(out, targets, num_boxes)
+            total = total + sum(self.weights[k] * v for k, v in part.items())
+            suffix = "" if i == 0 else f"_{i - 1}"
+            losses.update({k + suffix: v for k, v in part.items()})
+        losses["loss"] = total
+        return losses
+
+    def _losses(self, outputs: dict, targets: list[dict], num_boxes: torch.Tensor) -> dict:
+        logits, boxes = outputs["pred_logits"], outputs["pred_boxes"]  # (B, Q, K+1), (B, Q, 4)
+        indices = self.matcher(outputs, targets)
+        batch_idx = torch.cat([torch.full_like(src, b) for b, (src, _) in enumerate(indices)]).to(logits.device)
+        src_idx = torch.cat([src for src, _ in indices]).to(logits.device)
+        target_classes = torch.full(logits.shape[:2], self.num_classes, dtype=torch.int64, device=logits.device)
+        target_classes[batch_idx, src_idx] = torch.cat([t["labels"][j] for t, (_, j) in zip(targets, indices)])
+        loss_ce = F.cross_entropy(logits.float().transpose(1, 2), target_classes, self.empty_weight)
+        src_boxes = boxes[batch_idx, src_idx].float()  # (M, 4)
+        tgt_boxes = torch.cat([t["boxes"][j] for t, (_, j) in zip(targets, indices)]).float()  # (M, 4)
+        loss_bbox = F.l1_loss(src_boxes, tgt_boxes, reduction="sum") / num_boxes
+        loss_giou = generalized_box_iou_loss(box_convert(src_boxes, "cxcywh", "xyxy"),
+                                             box_convert(tgt_boxes, "cxcywh", "xyxy"), reduction="sum") / num_boxes
+        return {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
+
+
+def _num_boxes(targets: list[dict], device) -> torch.Tensor:
+    n = torch.tensor(float(sum(len(t["labels"]) for t in targets)), device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(n)
+        n = n / dist.get_world_size()
+    return n.clamp(min=1.0)

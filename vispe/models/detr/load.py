@@ -1,0 +1,184 @@
+"""Load the DETR weights users have into vispe's detector: ``load_detr(source, **overrides)``.
+
+``source`` is one of
+
+* a ``transformers.DetrForObjectDetection`` (its config gives the architecture) or its
+  ``state_dict()``: transformers 5 key names (``model.backbone.model.*``, ``self_attn.o_proj``,
+  ``mlp.fc1``) and transformers 4 ones (``model.backbone.conv_encoder.model.*``, ``out_proj``,
+  ``fc1``), with the timm ResNet backbone (``use_timm_backbone=True``, the hub's DETR checkpoints);
+* facebookresearch/detr's checkpoint format: a dict whose ``model`` entry is the state_dict
+  (``backbone.0.body.*``, ``transformer.encoder.layers.N.self_attn.in_proj_weight``, ...; its
+  ``args`` give the architecture when present), or that state_dict itself;
+* a path to a ``.pth`` / ``.bin`` file holding either (read with ``weights_only=True``).
+
+What the weights cannot tell (``nheads``, ``dilation``, dropout) comes from the config or the
+checkpoint's ``args``, else DETR's defaults (8 heads, no dilation); ``overrides`` go to
+``create_detr`` and win. The position encoding is DETR's: ``sine`` (normalised), or for
+``position_embedding_type="learned"`` / DETR's ``row_embed``/``col_embed`` the ``learned_rowcol``
+encoding with ``axis_order="xy"`` (DETR puts x first). Every key of the model must be filled and
+every key of the source used, with equal shapes; anything else is a ValueError naming the key.
+Note: transformers' ``auxiliary_loss=True`` feeds the normalised decoder states on to the next
+layer, which DETR does not; vispe follows DETR (final outputs agree either way).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import torch
+
+from vispe.models.detr.model import DETR, create_detr
+
+_COMMON = [  # (pattern, replacement) applied to both formats after their own renames
+    (r"^bbox_predictor\.layers\.", "bbox_embed.layers."),
+    (r"^class_labels_classifier\.", "class_embed."),
+]
+_HF = [
+    (r"^model\.backbone\.(?:conv_encoder\.)?model\.", "backbone.body."),
+    (r"^model\.input_projection\.", "input_proj."),
+    (r"^model\.query_position_embeddings\.", "query_embed."),
+    (r"^model\.position_embedding\.row_embeddings\.weight$", "pe.row.weight"),
+    (r"^model\.position_embedding\.column_embeddings\.weight$", "pe.col.weight"),
+    (r"^model\.decoder\.layernorm\.", "transformer.decoder_norm."),
+    (r"^model\.(encoder|decoder)\.layers\.(\d+)\.", r"transformer.\1.\2."),
+    (r"\.encoder_attn\.", ".cross_attn."),
+    (r"\.(self_attn|cross_attn)\.(?:o_proj|out_proj)\.", r".\1.proj."),
+    (r"^(transformer\.decoder\.\d+\.)encoder_attn_layer_norm\.", r"\1norm2."),
+    (r"^(transformer\.decoder\.\d+\.)final_layer_norm\.", r"\1norm3."),
+    (r"^(transformer\.encoder\.\d+\.)final_layer_norm\.", r"\1norm2."),
+    (r"\.self_attn_layer_norm\.", ".norm1."),
+    (r"\.(?:mlp\.)?(fc1|fc2)\.", r".mlp.\1."),
+]
+_DETR = [
+    (r"^backbone\.0\.body\.", "backbone.body."),
+    (r"^backbone\.1\.row_embed\.weight$", "pe.row.weight"),
+    (r"^backbone\.1\.col_embed\.weight$", "pe.col.weight"),
+    (r"^transformer\.decoder\.norm\.", "transformer.decoder_norm."),
+    (r"^transformer\.(encoder|decoder)\.layers\.(\d+)\.", r"transformer.\1.\2."),
+    (r"\.multihead_attn\.", ".cross_attn."),
+    (r"\.(self_attn|cross_attn)\.in_proj_(weight|bias)$", r".\1.qkv.\2"),
+    (r"\.(self_attn|cross_attn)\.out_proj\.", r".\1.proj."),
+    (r"\.linear(1|2)\.", r".mlp.fc\1."),
+]
+_QKV = re.compile(r"^(.*\.(?:self_attn|cross_attn))\.(q|k|v)_proj\.(weight|bias)$")
+
+
+def _read(source):
+    """(state_dict, format, architecture hints) from any accepted ``source``."""
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if not path.is_file():
+            raise ValueError(f"source={str(path)!r}: no such file")
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            source = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(source, torch.nn.Module):
+        if not hasattr(source, "config") or getattr(source.config, "model_type", None) != "detr":
+            raise ValueError(f"source is a {type(source).__name__}: expected a transformers DetrForObjectDetection")
+        return source.state_dict(), "transformers", _hints_from_hf_config(source.config)
+    if not isinstance(source, dict):
+        raise ValueError(f"source is a {type(source).__name__}: expected a model, a state_dict, a DETR checkpoint or a path")
+    hints = {}
+    if "model" in source and isinstance(source["model"], dict):  # facebookresearch/detr's .pth
+        hints = _hints_from_detr_args(source.get("args"))
+        source = source["model"]
+    keys = list(source)
+    if any(k.startswith("model.") for k in keys):
+        return source, "transformers", hints
+    if any(k.startswith("transformer.encoder.layers.") or k.startswith("backbone.0.body.") for k in keys):
+        return source, "detr", hints
+    raise ValueError(f"source has keys like {keys[:3]}: expected a transformers DETR state_dict "
+                     "(model.backbone..., class_labels_classifier...) or a facebookresearch/detr one (backbone.0.body...)")
+
+
+def _hints_from_hf_config(c) -> dict:
+    bb = getattr(c, "backbone_config", None)
+    timm_bb = getattr(bb, "model_type", None) == "timm_backbone" if bb is not None else getattr(c, "use_timm_backbone", False)
+    name = getattr(bb, "backbone", None) if bb is not None else getattr(c, "backbone", None)
+    if not timm_bb:
+        raise ValueError("source uses transformers' own ResNet backbone (use_timm_backbone=False): expected the "
+                         "timm backbone (the hub's DETR checkpoints use it); convert or rebuild with use_timm_backbone=True")
+    if c.encoder_attention_heads != c.decoder_attention_heads or c.encoder_ffn_dim != c.decoder_ffn_dim:
+        raise ValueError("source has different encoder and decoder heads or FFN sizes: vispe's DETR uses one of each")
+    if getattr(c, "activation_function", "relu") != "relu":
+        raise ValueError(f"source has activation_function={c.activation_function!r}: expected 'relu' (DETR's)")
+    return dict(backbone=name, dilation=bool(getattr(c, "dilation", False)), nheads=c.encoder_attention_heads,
+                dropout=c.dropout, attn_dropout=c.attention_dropout, aux_loss=bool(c.auxiliary_loss),
+                position=c.position_embedding_type)
+
+
+def _hints_from_detr_args(args) -> dict:
+    if args is None:
+        return {}
+    a = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
+    if a.get("pre_norm"):
+        raise ValueError("source was trained with --pre_norm: vispe's DETR is post-norm (DETR's default)")
+    hints = {k2: a[k1] for k1, k2 in (("backbone", "backbone"), ("dilation", "dilation"), ("nheads", "nheads"),
+                                       ("dropout", "dropout"), ("position_embedding", "position")) if k1 in a}
+    if "aux_loss" in a:
+        hints["aux_loss"] = bool(a["aux_loss"])
+    return hints
+
+
+def _rename(state: dict, fmt: str) -> dict:
+    rules = (_HF if fmt == "transformers" else _DETR) + _COMMON
+    out, pieces = {}, {}
+    for key, value in state.items():
+        new = key
+        for pattern, repl in rules:
+            new = re.sub(pattern, repl, new)
+        m = _QKV.match(new)
+        if m:  # transformers' q/k/v projections -> one fused qkv, rows q, k, v
+            pieces.setdefault((m.group(1), m.group(3)), {})[m.group(2)] = (key, value)
+            continue
+        out[new] = value
+    for (prefix, kind), parts in pieces.items():
+        if set(parts) != {"q", "k", "v"}:
+            raise ValueError(f"source has {sorted(parts)} projections for {prefix}.{kind}: expected q, k and v")
+        out[f"{prefix}.qkv.{kind}"] = torch.cat([parts[c][1] for c in "qkv"], dim=0)
+    return out
+
+
+def _architecture(state: dict, hints: dict) -> dict:
+    """create_detr arguments read off the renamed weights (and hints for what they cannot say)."""
+    def count(prefix):  # distinct indices right after ``prefix``
+        return len({k[len(prefix):].split(".")[0] for k in state if k.startswith(prefix)})
+
+    for need in ("query_embed.weight", "class_embed.weight", "transformer.decoder.0.mlp.fc1.weight"):
+        if need not in state:
+            raise ValueError(f"source has no weights for {need!r} (after renaming): not a DETR detection checkpoint")
+    q = state["query_embed.weight"]
+    blocks = count("backbone.body.layer3.")
+    bottleneck = "backbone.body.layer1.0.conv3.weight" in state
+    guess = {(2, False): "resnet18", (6, False): "resnet34", (6, True): "resnet50", (23, True): "resnet101"}.get((blocks, bottleneck))
+    backbone = hints.get("backbone") or guess
+    if backbone not in ("resnet18", "resnet34", "resnet50", "resnet101"):
+        raise ValueError(f"source backbone {backbone!r} ({blocks} blocks in layer3): expected a ResNet-18/34/50/101")
+    arch = dict(num_classes=state["class_embed.weight"].shape[0] - 1, num_queries=q.shape[0], d_model=q.shape[1],
+                enc_layers=count("transformer.encoder."), dec_layers=count("transformer.decoder."),
+                dim_feedforward=state["transformer.decoder.0.mlp.fc1.weight"].shape[0], backbone=backbone)
+    arch.update({k: hints[k] for k in ("dilation", "nheads", "dropout", "attn_dropout", "aux_loss") if k in hints})
+    learned = hints.get("position") == "learned" or "pe.row.weight" in state
+    if learned:
+        n = state["pe.row.weight"].shape[0] if "pe.row.weight" in state else 50
+        arch.update(pe="learned_rowcol", pe_kwargs=dict(axis_order="xy", max_size=(n, n)))
+    return arch
+
+
+def load_detr(source, **overrides) -> DETR:
+    """A vispe DETR built for ``source``'s architecture with its weights (module docstring)."""
+    state, fmt, hints = _read(source)
+    state = _rename({k: v for k, v in state.items() if not k.endswith("num_batches_tracked")}, fmt)
+    kwargs = {**_architecture(state, hints), **overrides}
+    model = create_detr(**kwargs)
+    own = model.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise ValueError(f"source ({fmt} format) does not fit vispe's DETR: missing {missing[:5]}"
+                         f"{' ...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
+    for k, v in state.items():
+        if v.shape != own[k].shape:
+            raise ValueError(f"source key {k!r} has shape {tuple(v.shape)}: the model built with {kwargs} expects "
+                             f"{tuple(own[k].shape)}")
+    model.load_state_dict(state)
+    return model

@@ -1,0 +1,204 @@
+"""A DETR-style detector (Carion et al., ECCV 2020) that takes any vispe encoding.
+
+    model = create_detr(num_classes=91, backbone="resnet50", pe="sine")        # DETR R50
+    model = create_detr(6, backbone="small_cnn", pe="rope_axial", dec_pe="sine", d_model=128)
+    out = model(images, mask)  # images (B, 3, H, W), mask (B, H, W) bool, True = padding
+
+Data flow (shapes for d = d_model, Q = num_queries, K = num_classes)::
+
+    images, mask -> backbone -> features (B, C, h, w), mask (B, h, w) (nearest)
+      -> input_proj (1x1 conv) -> (B, d, h, w) [+ PEG]  -> tokens (B, h*w, d) [+ 2D code at the input]
+      -> encoder (2D code on q/k, or rotary/bias inside attention; padded keys masked) -> memory
+      -> decoder: queries (B, Q, d) with learned query positions; cross-attention keys carry the
+         memory's 2D code; padded keys masked
+      -> pred_logits (B, Q, K + 1) (last = "no object"), pred_boxes (B, Q, 4) sigmoid (cx, cy, w, h)
+         normalised to each image's valid (unpadded) size, and aux_outputs per decoder layer.
+
+Where position enters is ``pe_at`` / ``query_pos_at`` (``vispe.models.detr.placement``). Mask-free
+batches (no padding anywhere) use the encodings' cached tables and unmasked attention.
+Parameter names follow DETR's (``input_proj``, ``query_embed``, ``class_embed``,
+``bbox_embed.layers.N``); ``load_detr`` maps DETR's and transformers' checkpoints onto them.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vispe import _checks
+from vispe.attention import PosContext
+from vispe.models.detr.backbone import build_backbone
+from vispe.models.detr.placement import check_family, parse_placement
+from vispe.models.detr.transformer import Transformer
+from vispe.registry import build_in, get
+
+
+class BoxHead(nn.Module):
+    """DETR's box MLP: ``num_layers`` Linear layers with ReLU between them."""
+
+    def __init__(self, in_dim: int, hidden_dim: int, out_dim: int, num_layers: int) -> None:
+        super().__init__()
+        dims = [in_dim] + [hidden_dim] * (num_layers - 1) + [out_dim]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x) if i == len(self.layers) - 1 else F.relu(layer(x))
+        return x
+
+
+class DETR(nn.Module):
+    """Backbone -> projection -> transformer with any encoding -> class and box heads."""
+
+    def __init__(self, backbone: nn.Module, transformer: Transformer, *, num_classes: int, num_queries: int,
+                 pe: str, pe_kwargs: dict, placement, dec_pe: str | None, dec_pe_kwargs: dict,
+                 grid=None, aux_loss: bool = True) -> None:
+        super().__init__()
+        d = transformer.d_model
+        self.backbone, self.transformer = backbone, transformer
+        self.input_proj = nn.Conv2d(backbone.num_channels, d, kernel_size=1)
+        self.query_embed = nn.Embedding(num_queries, d)
+        self.class_embed = nn.Linear(d, num_classes + 1)
+        self.bbox_embed = BoxHead(d, d, 4, 3)
+        self.num_classes, self.num_queries, self.aux_loss = num_classes, num_queries, aux_loss
+        self.placement = placement
+        self.pe_name, self.dec_pe_name = pe, dec_pe
+        self.pe_family = get(pe).family
+        dec_family = get(dec_pe).family if dec_pe is not None else None
+        check_family(pe, self.pe_family, placement, dec_pe, dec_family)
+        context = dict(dim=d, num_heads=transformer.nheads, head_dim=d // transformer.nheads, num_prefix_tokens=0)
+        if grid is not None:
+            context["grid"] = _checks.grid_shape("grid", grid)
+        self.pe = self.dec_pe = None
+        if self.pe_family in ("additive", "conditional"):
+            self.pe = build_in(pe, context, **pe_kwargs)
+        elif self.pe_family in ("rotary", "bias"):
+            for layer in transformer.encoder:
+                layer.self_attn.set_pe(build_in(pe, context, **pe_kwargs))
+        elif pe_kwargs:
+            raise ValueError(f"pe_kwargs={pe_kwargs!r}: the encoding {pe!r} takes no settings")
+        if dec_pe is not None and dec_family == "additive":
+            self.dec_pe = build_in(dec_pe, context, **dec_pe_kwargs)
+        elif dec_pe_kwargs and (dec_pe is None or dec_family == "none"):
+            raise ValueError(f"dec_pe_kwargs={dec_pe_kwargs!r}: there is no decoder encoding to take them "
+                             f"(dec_pe={dec_pe!r})")
+
+    # --- positions -----------------------------------------------------------------------------
+    def _codes(self, x: torch.Tensor, mask: torch.Tensor | None):
+        """Additive 2D codes for the encoder and the decoder keys, or None.  # (B|1, h*w, d) each"""
+        shape, pl = tuple(x.shape[-2:]), self.placement
+        enc = dec = None
+        if self.pe_family == "additive" and (pl.encoder != "none" or (pl.decoder != "none" and self.dec_pe is None)):
+            enc = self.pe(shape, mask, device=x.device, dtype=x.dtype)
+        if pl.decoder != "none":
+            dec = enc if self.dec_pe is None else self.dec_pe(shape, mask, device=x.device, dtype=x.dtype)
+        return (enc if pl.encoder != "none" else None), dec
+
+    # --- forward -----------------------------------------------------------------------------------
+    def forward(self, images: torch.Tensor, mask: torch.Tensor | None = None) -> dict:
+        """Images (B, 3, H, W) and padding mask (B, H, W), True = padding -> DETR's output dict."""
+        mask = _check_inputs(images, mask)
+        feats, fmask = self.backbone(images, mask)  # (B, C, h, w), (B, h, w)
+        x = self.input_proj(feats)  # (B, d, h, w)
+        B, d, h, w = x.shape
+        grid_mask = fmask if bool(fmask.any()) else None  # no padding: cached tables, unmasked attention
+        pl = self.placement
+        if self.pe_family == "conditional":
+            x = x + self.pe(x, grid_mask)
+        tokens = x.flatten(2).transpose(1, 2)  # (B, h*w, d)
+        enc_code, dec_code = self._codes(x, grid_mask)
+        if pl.encoder == "input" and enc_code is not None:
+            tokens = tokens + enc_code
+        enc_ctx = PosContext((h, w), 0, grid_mask, enc_code if pl.encoder == "attn" else None)
+        memory = self.transformer.encode(tokens, enc_ctx)  # (B, h*w, d)
+        if pl.decoder == "input" and dec_code is not None:
+            memory = memory + dec_code
+        memory_ctx = PosContext((h, w), 0, grid_mask, dec_code if pl.decoder == "attn" else None)
+        query_pos = self.query_embed.weight[None].to(tokens.dtype)  # (1, Q, d)
+        if pl.queries == "attn":
+            t, query_ctx = tokens.new_zeros(B, self.num_queries, d), PosContext(pos=query_pos)
+        else:
+            t, query_ctx = query_pos.expand(B, -1, -1), PosContext()
+        hs = self.transformer.decode(t, query_ctx, memory, memory_ctx, intermediate=self.aux_loss)  # (L, B, Q, d)
+        logits = self.class_embed(hs)  # (L, B, Q, K+1)
+        boxes = self.bbox_embed(hs).sigmoid()  # (L, B, Q, 4)
+        out = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
+        if self.aux_loss:
+            out["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1])]
+        return out
+
+    def param_groups(self, lr: float, lr_backbone: float, weight_decay: float) -> list[dict]:
+        """DETR's optimiser groups: the backbone at ``lr_backbone``, the rest at ``lr``."""
+        named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
+        return [{"params": [p for n, p in named if not n.startswith("backbone.")], "lr": lr, "weight_decay": weight_decay},
+                {"params": [p for n, p in named if n.startswith("backbone.")], "lr": lr_backbone,
+                 "weight_decay": weight_decay}]
+
+
+def _check_inputs(images, mask) -> torch.Tensor:
+    """Checked images and mask; a missing mask means no padding.  # mask (B, H, W) bool"""
+    if not isinstance(images, torch.Tensor) or images.dim() != 4 or not images.is_floating_point():
+        got = f"shape {tuple(images.shape)} and dtype {images.dtype}" if isinstance(images, torch.Tensor) else type(images).__name__
+        raise ValueError(f"images has {got}: expected a float tensor (B, C, H, W)")
+    B, _, H, W = images.shape
+    if B == 0 or H == 0 or W == 0:
+        raise ValueError(f"images has shape {tuple(images.shape)}: expected B, H and W of at least 1")
+    if mask is None:
+        return torch.zeros(B, H, W, dtype=torch.bool, device=images.device)
+    _checks.mask_for("mask", mask, (H, W))
+    if mask.shape[0] != B:
+        raise ValueError(f"mask has shape {tuple(mask.shape)}: expected ({B}, {H}, {W}), one mask per image")
+    return mask.to(images.device)
+
+
+def create_detr(num_classes: int, *, backbone: str = "resnet50", backbone_weights=None, dilation: bool = False,
+                train_backbone: bool = True, backbone_widths=None, pe: str = "sine", pe_kwargs: dict | None = None,
+                pe_at="attn", query_pos_at: str = "attn", dec_pe: str | None = None,
+                dec_pe_kwargs: dict | None = None, grid=None, num_queries: int = 100, d_model: int = 256,
+                nheads: int = 8, enc_layers: int = 6, dec_layers: int = 6, dim_feedforward: int = 2048,
+                dropout: float = 0.1, attn_dropout: float | None = None, aux_loss: bool = True) -> DETR:
+    """A DETR-style detector with encoding ``pe``; the defaults are DETR R50's.
+
+    Args:
+        num_classes: K class ids (labels in [0, K)); the class head has K + 1 outputs, the last
+            is "no object" (DETR on COCO: 91).
+        backbone: "resnet18", "resnet34", "resnet50", "resnet101" (torchvision, frozen batch norm;
+            ``backbone_weights`` a local file, ``dilation`` for DC5, ``train_backbone``) or
+            "small_cnn" (mask-aware, for CPU-scale runs; ``backbone_widths``).
+        pe, pe_kwargs: the encoding (any registered name) and its settings.
+        pe_at, query_pos_at: where position enters (``vispe.models.detr.placement``): a place
+            ("none", "input", "attn") for encoder and decoder, or {"encoder": ..., "decoder": ...,
+            "queries": ...}. DETR's default: "attn" everywhere.
+        dec_pe, dec_pe_kwargs: another (additive) encoding for the decoder's keys (default: the
+            encoder's own module when it is additive, shared as in DETR).
+        grid: the feature grid (h, w) that encodings with grid-sized tables (learned_abs,
+            relbias) are built for; others recompute at any grid.
+        num_queries, d_model, nheads, enc_layers, dec_layers, dim_feedforward, dropout: DETR's;
+            ``attn_dropout`` on attention weights (default ``dropout``, as nn.MultiheadAttention).
+        aux_loss: also return the outputs of every decoder layer (``aux_outputs``).
+    """
+    for name, value in (("num_classes", num_classes), ("num_queries", num_queries), ("d_model", d_model),
+                        ("nheads", nheads), ("enc_layers", enc_layers), ("dec_layers", dec_layers),
+                        ("dim_feedforward", dim_feedforward)):
+        _checks.positive_int(name, value, allow_zero=name == "enc_layers")
+    if d_model % nheads:
+        raise ValueError(f"d_model={d_model}: expected a multiple of nheads={nheads}")
+    for name, value in (("dropout", dropout), ("attn_dropout", attn_dropout)):
+        if value is not None and not (isinstance(value, (int, float)) and 0 <= value < 1):
+            raise ValueError(f"{name}={value!r}: expected a probability in [0, 1)")
+    if not isinstance(aux_loss, bool):
+        raise ValueError(f"aux_loss={aux_loss!r}: expected True or False")
+    placement = parse_placement(pe_at, query_pos_at)
+    net = build_backbone(backbone, weights=backbone_weights, dilation=dilation, train_backbone=train_backbone,
+                         widths=backbone_widths)
+    transformer = Transformer(d_model, nheads, enc_layers, dec_layers, dim_feedforward, dropout, attn_dropout)
+    model = DETR(net, transformer, num_classes=num_classes, num_queries=num_queries, pe=pe,
+                 pe_kwargs=dict(pe_kwargs or {}), placement=placement, dec_pe=dec_pe,
+                 dec_pe_kwargs=dict(dec_pe_kwargs or {}), grid=grid, aux_loss=aux_loss)
+    model.config = dict(num_classes=num_classes, backbone=backbone, dilation=dilation, backbone_widths=backbone_widths,
+                        pe=pe, pe_kwargs=dict(pe_kwargs or {}), pe_at=pe_at if isinstance(pe_at, str) else dict(pe_at),
+                        query_pos_at=query_pos_at, dec_pe=dec_pe, dec_pe_kwargs=dict(dec_pe_kwargs or {}), grid=grid,
+                        num_queries=num_queries, d_model=d_model, nheads=nheads, enc_layers=enc_layers,
+                        dec_layers=dec_layers, dim_feedforward=dim_feedforward, dropout=dropout,
+                        attn_dropout=attn_dropout, aux_loss=aux_loss)
+    return model

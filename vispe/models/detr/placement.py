@@ -1,0 +1,88 @@
+"""Where position enters a DETR-style detector: the named choices of DETR's Table 3.
+
+Three places, each ``"none"``, ``"input"`` or ``"attn"``:
+
+=============  =========================================================  =======================================
+place          ``"input"``                                                ``"attn"`` (DETR's default)
+=============  =========================================================  =======================================
+``encoder``    the 2D code is added once to the encoder's input tokens    added to q and k of every encoder
+               (a conditional encoding, PEG, is applied there too)        self-attention (rotary: q and k rotated;
+                                                                          bias: added to the logits)
+``decoder``    the 2D code is added once to the memory (keys and values   added to the keys of every decoder
+               of every cross-attention)                                  cross-attention
+``queries``    the learned query positions are the decoder's input        added to q and k of every decoder
+               (instead of zeros)                                         self-attention and to q of every
+                                                                          cross-attention
+=============  =========================================================  =======================================
+
+What each family can do (anything else is refused with the reason):
+
+* additive: encoder and decoder, at the input or at every attention layer;
+* rotary, bias: encoder ``"attn"`` only: they act on q/k (or logits) of one grid, while the
+  decoder's object queries have no 2D position; give the decoder an additive ``dec_pe`` (e.g.
+  ``"sine"``) or ``decoder="none"``;
+* conditional (PEG): encoder ``"input"`` only (on the projected feature map, CPVT's placement);
+* none: no position anywhere, whatever the places say.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from vispe import _checks
+
+PLACES = ("none", "input", "attn")
+KEYS = ("encoder", "decoder", "queries")
+
+
+@dataclass(frozen=True)
+class Placement:
+    encoder: str = "attn"
+    decoder: str = "attn"
+    queries: str = "attn"
+
+
+def parse_placement(pe_at, query_pos_at: str = "attn") -> Placement:
+    """``pe_at`` a place for encoder and decoder, or a mapping with keys of ``KEYS``."""
+    if isinstance(pe_at, str):
+        _checks.choice("pe_at", pe_at, PLACES)
+        places = {"encoder": pe_at, "decoder": pe_at}
+    elif isinstance(pe_at, Mapping):
+        unknown = sorted(set(pe_at) - set(KEYS))
+        if unknown:
+            raise ValueError(f"pe_at has keys {unknown}: expected some of {', '.join(map(repr, KEYS))}")
+        places = {k: _checks.choice(f"pe_at[{k!r}]", v, PLACES) for k, v in pe_at.items()}
+    else:
+        raise ValueError(f"pe_at={pe_at!r}: expected one of {', '.join(map(repr, PLACES))} or a mapping "
+                         f"with keys {', '.join(map(repr, KEYS))}")
+    if "queries" in places and query_pos_at != "attn":
+        raise ValueError(f"query_pos_at={query_pos_at!r} and pe_at['queries']={places['queries']!r}: set it once")
+    places.setdefault("queries", _checks.choice("query_pos_at", query_pos_at, ("input", "attn")))
+    if places["queries"] == "none":
+        raise ValueError("pe_at['queries']='none': DETR's object queries need their learned positions "
+                         "(they are what tells the queries apart); expected 'input' or 'attn'")
+    return Placement(**places)
+
+
+def check_family(pe: str, family: str, placement: Placement, dec_pe: str | None, dec_family: str | None) -> None:
+    """Refuse an encoding at a place its family cannot act on, saying why and what to do."""
+    if family == "none":
+        return
+    enc = placement.encoder
+    if family in ("rotary", "bias") and enc == "input":
+        raise ValueError(f"pe={pe!r} is a {family} encoding: it acts inside attention (on q and k, or on the "
+                         "logits), so it cannot be added at the encoder input; use pe_at encoder='attn'")
+    if family == "conditional" and enc == "attn":
+        raise ValueError(f"pe={pe!r} is conditional (a convolution of the features): it goes at the encoder "
+                         "input; use pe_at encoder='input'")
+    if placement.decoder == "none":
+        if dec_pe is not None:
+            raise ValueError(f"dec_pe={dec_pe!r} with pe_at decoder='none': the decoder takes no position")
+        return
+    fam = dec_family if dec_pe is not None else family
+    name = dec_pe if dec_pe is not None else pe
+    if fam not in ("additive", "none"):
+        raise ValueError(f"{'dec_pe' if dec_pe is not None else 'pe'}={name!r} is a {fam} encoding, but the "
+                         f"decoder's cross-attention (pe_at decoder={placement.decoder!r}) needs an additive code "
+                         "for its keys: the object queries have no 2D position to rotate with or to take a "
+                         "relative bias from. Pass an additive dec_pe (e.g. 'sine') or pe_at decoder='none'")

@@ -1,0 +1,98 @@
+"""DETR's encoder-decoder transformer (post-norm), on ``vispe.attention.Attention``.
+
+Layer by layer what DETR's ``models/transformer.py`` computes (``normalize_before=False``):
+
+    encoder layer:  x = norm1(x + SelfAttn(q = k = x [+ pos], v = x))
+                    x = norm2(x + FFN(x))
+    decoder layer:  t = norm1(t + SelfAttn(q = k = t [+ query_pos], v = t))
+                    t = norm2(t + CrossAttn(q = t [+ query_pos], k = memory [+ pos], v = memory))
+                    t = norm3(t + FFN(t))
+    decoder output: norm(t) after every layer (the auxiliary outputs) and after the last.
+
+Where a position enters is the caller's ``PosContext``: ``ctx.pos`` is the additive code added to
+q and k (every layer, DETR's default), a rotary or bias encoding sits in the encoder layers'
+attention (``attn.pe``), and ``ctx.mask`` (B, h, w) hides padded keys. The attention weights
+are one fused ``qkv`` Linear (rows q, k, v: ``nn.MultiheadAttention``'s ``in_proj_weight``)
+and ``proj`` (its ``out_proj``); the FFN is timm's ``Mlp`` (``fc1``, ReLU, ``fc2``).
+"""
+from __future__ import annotations
+
+import torch
+from timm.layers import Mlp
+from torch import nn
+
+from vispe.attention import Attention, PosContext
+
+
+def _attention(d_model: int, nheads: int, dropout: float, attn_dropout: float) -> Attention:
+    return Attention(d_model, nheads, qkv_bias=True, attn_drop=attn_dropout, proj_drop=dropout)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, d_model: int, nheads: int, dim_feedforward: int, dropout: float, attn_dropout: float) -> None:
+        super().__init__()
+        self.self_attn = _attention(d_model, nheads, dropout, attn_dropout)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.mlp = Mlp(d_model, dim_feedforward, act_layer=nn.ReLU, drop=dropout)
+        self.norm2 = nn.LayerNorm(d_model)
+
+    def forward(self, x: torch.Tensor, ctx: PosContext) -> torch.Tensor:  # (B, N, d)
+        x = self.norm1(x + self.self_attn(x, ctx=ctx))
+        return self.norm2(x + self.mlp(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, d_model: int, nheads: int, dim_feedforward: int, dropout: float, attn_dropout: float) -> None:
+        super().__init__()
+        self.self_attn = _attention(d_model, nheads, dropout, attn_dropout)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.cross_attn = _attention(d_model, nheads, dropout, attn_dropout)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.mlp = Mlp(d_model, dim_feedforward, act_layer=nn.ReLU, drop=dropout)
+        self.norm3 = nn.LayerNorm(d_model)
+
+    def forward(self, t: torch.Tensor, query_ctx: PosContext, memory: torch.Tensor,
+                memory_ctx: PosContext) -> torch.Tensor:  # (B, Q, d)
+        t = self.norm1(t + self.self_attn(t, ctx=query_ctx))
+        t = self.norm2(t + self.cross_attn(t, ctx=query_ctx, memory=memory, memory_ctx=memory_ctx))
+        return self.norm3(t + self.mlp(t))
+
+
+class Transformer(nn.Module):
+    """``enc_layers`` encoder layers and ``dec_layers`` decoder layers with a final decoder norm."""
+
+    def __init__(self, d_model: int = 256, nheads: int = 8, enc_layers: int = 6, dec_layers: int = 6,
+                 dim_feedforward: int = 2048, dropout: float = 0.1, attn_dropout: float | None = None) -> None:
+        super().__init__()
+        attn_dropout = dropout if attn_dropout is None else attn_dropout  # DETR: nn.MultiheadAttention(dropout=0.1)
+        args = (d_model, nheads, dim_feedforward, dropout, attn_dropout)
+        self.encoder = nn.ModuleList(EncoderLayer(*args) for _ in range(enc_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(*args) for _ in range(dec_layers))
+        self.decoder_norm = nn.LayerNorm(d_model)
+        self.d_model, self.nheads = d_model, nheads
+        self._reset_parameters()
+
+    def _reset_parameters(self) -> None:
+        """DETR's init: Xavier-uniform for every matrix, zero attention biases (as nn.MultiheadAttention)."""
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+        for m in self.modules():
+            if isinstance(m, Attention):
+                nn.init.zeros_(m.qkv.bias)
+                nn.init.zeros_(m.proj.bias)
+
+    def encode(self, x: torch.Tensor, ctx: PosContext) -> torch.Tensor:  # (B, N, d) -> (B, N, d)
+        for layer in self.encoder:
+            x = layer(x, ctx)
+        return x
+
+    def decode(self, t: torch.Tensor, query_ctx: PosContext, memory: torch.Tensor, memory_ctx: PosContext,
+               *, intermediate: bool = True) -> torch.Tensor:
+        """Decoder outputs after every layer (``intermediate``) or the last only.  # (L|1, B, Q, d)"""
+        outs = []
+        for i, layer in enumerate(self.decoder):
+            t = layer(t, query_ctx, memory, memory_ctx)
+            if intermediate or i == len(self.decoder) - 1:
+                outs.append(self.decoder_norm(t))
+        return torch.stack(outs)
