@@ -142,7 +142,8 @@ def _history(sub: Path) -> list[dict]:
     if not f.is_file():
         return []
     with open(f) as fh:
-        return [{k: (float(v) if k != "epoch" else int(v)) for k, v in row.items()} for row in csv.DictReader(fh)]
+        return [{k: (float(v) if k != "epoch" else int(v)) for k, v in row.items() if v != ""}  # "": not evaluated
+                for row in csv.DictReader(fh)]
 
 
 if __name__ == "__main__":

@@ -27,11 +27,11 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 DEVICES = ("auto", "cpu", "cuda")
 AMPS = ("auto", "bf16", "fp16", "none")
-SCHEDULES = ("cosine", "constant")
+SCHEDULES = ("cosine", "constant", "step")
 OPTIMIZERS = ("adamw", "sgd")
 #: keys that may change when a run is resumed (they do not change what is being trained)
 RESUMABLE_KEYS = ("train.epochs", "train.device", "train.compile", "train.log_every", "train.progress",
-                  "train.ckpt_every_steps", "train.compare", "train.overwrite", "data.num_workers",
+                  "train.ckpt_every_steps", "train.eval_every", "task.vis_images", "task.vis_score", "train.compare", "train.overwrite", "data.num_workers",
                   "data.eval_batch_size", "smoke")
 
 
@@ -42,7 +42,18 @@ class ConfigError(ValueError):
 @dataclass
 class TaskConfig:
     name: str = "classification"  # key of vispe.train.tasks.TASKS
-    label_smoothing: float = 0.0
+    label_smoothing: float = 0.0  # classification only
+    # detection only (DETR's matcher costs, loss weights and no-object weight)
+    cost_class: float = 1.0
+    cost_bbox: float = 5.0
+    cost_giou: float = 2.0
+    weight_ce: float = 1.0
+    weight_bbox: float = 5.0
+    weight_giou: float = 2.0
+    eos_coef: float = 0.1
+    size_divisibility: Optional[int] = None  # pad batches to a multiple of this; None = the backbone's stride
+    vis_images: int = 6  # validation images drawn with predicted and true boxes at each evaluation (0 = none)
+    vis_score: float = 0.5  # predictions drawn above this score
 
 
 @dataclass
@@ -57,6 +68,7 @@ class DataConfig:
     batch_size: int = 128  # per process
     eval_batch_size: Optional[int] = None  # None = 2 * batch_size
     num_workers: int = 0
+    max_size: Optional[int] = None  # detection: cap of the longer side; None = the data set's default
     train_subset: Optional[int] = None  # use only the first n training samples (smoke runs)
     test_subset: Optional[int] = None
 
@@ -80,6 +92,30 @@ class ModelConfig:
 
 
 @dataclass
+class DetrModelConfig:
+    """The detector of task.name=detection (model.name=detr): vispe.models.detr.create_detr's arguments."""
+
+    backbone: str = "small_cnn"  # small_cnn | resnet18 | resnet34 | resnet50 | resnet101
+    backbone_weights: Optional[str] = None  # local ResNet state_dict (nothing downloads)
+    backbone_widths: Optional[List[int]] = None  # small_cnn channels per stage
+    dilation: bool = False
+    train_backbone: bool = True
+    num_queries: int = 100
+    d_model: int = 256
+    nheads: int = 8
+    enc_layers: int = 6
+    dec_layers: int = 6
+    dim_feedforward: int = 2048
+    dropout: float = 0.1
+    pe_at: Any = "attn"  # none | input | attn, or {encoder: ..., decoder: ..., queries: ...}
+    query_pos_at: str = "attn"
+    dec_pe: Optional[str] = None  # an additive encoding for the decoder's keys (None = the encoder's)
+    dec_pe_kwargs: Dict[str, Any] = field(default_factory=dict)
+    grid: Optional[List[int]] = None  # feature grid of encodings with grid-sized tables
+    aux_loss: bool = True
+
+
+@dataclass
 class OptimConfig:
     name: str = "adamw"
     lr: float = 1e-3  # peak learning rate
@@ -87,7 +123,9 @@ class OptimConfig:
     momentum: float = 0.9  # sgd only
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])  # adamw only
     warmup_epochs: float = 1.0
-    schedule: str = "cosine"  # cosine | constant (after warm-up)
+    schedule: str = "cosine"  # cosine | constant | step (after warm-up; step: x0.1 at epoch lr_drop)
+    lr_drop: Optional[float] = None  # epoch of the step schedule's x0.1 drop (DETR: 200 of 300)
+    lr_backbone: Optional[float] = None  # detection: the backbone's learning rate (DETR: 1e-5); None = lr
     min_lr: float = 1e-5
     grad_clip: Optional[float] = 1.0  # max gradient norm; None = off
 
@@ -103,6 +141,7 @@ class TrainLoopConfig:
     # GPU kernels (slower; set CUBLAS_WORKSPACE_CONFIG=:4096:8 before starting)
     deterministic: bool = False
     eval_sizes: List[float] = field(default_factory=lambda: [0.75, 1.0, 1.5, 2.0])  # x training size
+    eval_every: int = 1  # epochs between test evaluations (always after the last epoch)
     compare: List[str] = field(default_factory=list)  # encodings also trained as baselines
     log_every: int = 20  # steps between TensorBoard loss points
     ckpt_every_steps: int = 0  # 0 = checkpoint at the end of every epoch only
@@ -117,12 +156,13 @@ class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    detr: DetrModelConfig = field(default_factory=DetrModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainLoopConfig = field(default_factory=TrainLoopConfig)
     smoke: List[str] = field(default_factory=list)  # overrides applied by `train.py --smoke`
 
 
-FREE_DICTS = ("data.kwargs", "model.pe_kwargs", "model.kwargs")
+FREE_DICTS = ("data.kwargs", "model.pe_kwargs", "model.kwargs", "detr.dec_pe_kwargs", "detr.pe_at")
 
 
 def schema_keys(cls=Config, prefix: str = "") -> list[str]:
@@ -261,17 +301,22 @@ def validate(cfg: DictConfig) -> None:
     from vispe.train.tasks import TASKS
 
     _choice("task.name", cfg.task.name, tuple(TASKS))
+    TASKS[cfg.task.name].check_config(cfg)
     _choice("train.device", cfg.train.device, DEVICES)
     _choice("train.amp", cfg.train.amp, AMPS)
     _choice("optim.schedule", cfg.optim.schedule, SCHEDULES)
     _choice("optim.name", cfg.optim.name, OPTIMIZERS)
     for key in ("data.batch_size", "data.eval_batch_size", "data.img_size", "data.train_subset",
-                "data.test_subset", "model.patch_size", "optim.lr", "train.epochs", "train.log_every"):
+                "data.test_subset", "model.patch_size", "optim.lr", "train.epochs", "train.log_every",
+                "train.eval_every", "optim.lr_backbone", "optim.lr_drop"):
         _positive(key, OmegaConf.select(cfg, key))
     for key in ("data.num_workers", "train.ckpt_every_steps", "optim.weight_decay", "optim.warmup_epochs",
                 "optim.min_lr", "task.label_smoothing"):
         _positive(key, OmegaConf.select(cfg, key), allow_zero=True)
     _positive("optim.grad_clip", cfg.optim.grad_clip)
+    if (cfg.optim.schedule == "step") != (cfg.optim.lr_drop is not None):
+        raise ConfigError(f"config keys optim.schedule={cfg.optim.schedule!r} and optim.lr_drop={cfg.optim.lr_drop!r}: "
+                          "the step schedule needs lr_drop (the epoch of its x0.1 drop), and only it takes one")
     if not cfg.train.eval_sizes or any(s <= 0 for s in cfg.train.eval_sizes):
         raise ConfigError(f"config key train.eval_sizes={list(cfg.train.eval_sizes)}: expected a non-empty "
                           "list of positive scale factors of the training size, e.g. [0.75, 1.0, 1.5, 2.0]")
@@ -280,6 +325,22 @@ def validate(cfg: DictConfig) -> None:
     name = cfg.train.run_name
     if not name or "/" in name or "\\" in name or name in (".", ".."):
         raise ConfigError(f"config key train.run_name={name!r}: expected a folder name (no slashes)")
+
+
+def non_default(cfg: DictConfig, keys) -> list[str]:
+    """The dotted ``keys`` (or every key under a section name) whose value differs from the schema's default."""
+    default = _flatten(OmegaConf.to_container(OmegaConf.structured(Config), resolve=True))
+    current = _flatten(OmegaConf.to_container(cfg, resolve=True))
+    return [k for k in sorted(current) if any(k == p or k.startswith(p + ".") for p in keys)
+            and current[k] != default.get(k)]
+
+
+def refuse_unused(cfg: DictConfig, keys, why: str) -> None:
+    """A ConfigError naming the first of ``keys`` set away from its default (an option that would be ignored)."""
+    bad = non_default(cfg, keys)
+    if bad:
+        value = OmegaConf.select(cfg, bad[0])
+        raise ConfigError(f"config key {bad[0]}={value!r}: {why}")
 
 
 def for_encoding(cfg: DictConfig, pe: str) -> DictConfig:

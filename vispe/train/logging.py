@@ -55,7 +55,8 @@ class RunLog:
         if not self.enabled or not history:
             return
         buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(history[0]))
+        fields = list(dict.fromkeys(k for row in history for k in row))  # test_* only on evaluated epochs
+        writer = csv.DictWriter(buf, fieldnames=fields, restval="")
         writer.writeheader()
         writer.writerows(history)
         atomic_write(self.dir / "metrics.csv", buf.getvalue())
@@ -78,15 +79,15 @@ def plot_curves(history: list[dict], path: str | Path, title: str = "") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    epochs = [r["epoch"] for r in history]
-    names = sorted({k.split("_", 1)[1] for k in history[0] if k.startswith(("train_", "test_"))},
+    names = sorted({k.split("_", 1)[1] for r in history for k in r if k.startswith(("train_", "test_"))},
                    key=lambda n: (n != "loss", n))  # loss first
     fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.4), squeeze=False)
     for ax, name in zip(axes[0], names):
         for split in ("train", "test"):
             key = f"{split}_{name}"
-            if key in history[0]:
-                ax.plot(epochs, [r[key] for r in history], marker="o", ms=3, label=split)
+            rows = [r for r in history if key in r]  # test metrics exist on evaluated epochs only
+            if rows:
+                ax.plot([r["epoch"] for r in rows], [r[key] for r in rows], marker="o", ms=3, label=split)
         ax.set_xlabel("epoch")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
@@ -108,8 +109,9 @@ def plot_comparison(results: dict[str, list[dict]], path: str | Path, metric: st
 
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     for pe, history in results.items():
-        if history and metric in history[0]:
-            ax.plot([r["epoch"] for r in history], [r[metric] for r in history], marker="o", ms=3, label=pe)
+        rows = [r for r in history if metric in r]
+        if rows:
+            ax.plot([r["epoch"] for r in rows], [r[metric] for r in rows], marker="o", ms=3, label=pe)
     ax.set_xlabel("epoch")
     ax.set_ylabel(metric)
     ax.grid(alpha=0.3)

@@ -83,27 +83,33 @@ def build_model(task, cfg: DictConfig, data: Data) -> torch.nn.Module:
                          f"{type(e).__name__}: {e}") from e
 
 
-def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """AdamW / SGD through timm, which keeps biases, norms and position tables out of weight decay."""
+def build_optimizer(cfg: DictConfig, model: torch.nn.Module, task=None) -> torch.optim.Optimizer:
+    """AdamW / SGD through timm, which keeps biases, norms and position tables out of weight decay;
+    a task with ``param_groups`` (detection: DETR's backbone learning rate) gives the groups itself."""
     from timm.optim import create_optimizer_v2
 
     o = cfg.optim
     extra = {"betas": tuple(o.betas)} if o.name == "adamw" else {}
-    return create_optimizer_v2(model, opt=o.name, lr=o.lr, weight_decay=o.weight_decay, momentum=o.momentum,
+    params = task.param_groups(model, cfg) if hasattr(task, "param_groups") else model
+    return create_optimizer_v2(params, opt=o.name, lr=o.lr, weight_decay=o.weight_decay, momentum=o.momentum,
                                foreach=False, **extra)
 
 
 def build_scheduler(cfg: DictConfig, optimizer, total_steps: int, steps_per_epoch: int):
-    """Linear warm-up over ``optim.warmup_epochs``, then cosine to ``optim.min_lr`` (or constant)."""
+    """Linear warm-up over ``optim.warmup_epochs``, then cosine to ``optim.min_lr``, constant, or
+    step (DETR: x0.1 from epoch ``optim.lr_drop`` on). Factors apply to every parameter group."""
     o = cfg.optim
     warmup = min(int(round(o.warmup_epochs * steps_per_epoch)), total_steps)
     floor = o.min_lr / o.lr
+    drop_step = int(round(o.lr_drop * steps_per_epoch)) if o.lr_drop is not None else None
 
     def factor(t: int) -> float:  # lr multiplier of optimiser step t (0-based)
         if t < warmup:
             return (t + 1) / warmup
         if o.schedule == "constant":
             return 1.0
+        if o.schedule == "step":
+            return 0.1 if t >= drop_step else 1.0
         p = min((t - warmup) / max(total_steps - warmup, 1), 1.0)
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * p))
 
@@ -140,7 +146,7 @@ def run_encoding(cfg: DictConfig, task, data: Data, sub: Path, *, resume: bool, 
         torch.backends.cudnn.benchmark = False
     seed_everything(t.seed)
     model = build_model(task, cfg, data).to(device)
-    optimizer = build_optimizer(cfg, model)
+    optimizer = build_optimizer(cfg, model, task)
     steps_per_epoch = loaders.num_train_batches(len(data.train), cfg.data.batch_size, dist)
     scheduler = build_scheduler(cfg, optimizer, steps_per_epoch * t.epochs, steps_per_epoch)
     scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
@@ -221,14 +227,18 @@ def run_encoding(cfg: DictConfig, task, data: Data, sub: Path, *, resume: bool, 
                 train_metrics = task.metrics(D.all_reduce_sums(sums))
                 seen = (float(sums["count"]) - n0) if "count" in sums else 0.0
                 epoch_time = time.time() - t0
-                test_loader = loaders.eval_loader(data.test, batch_size=ebs, dist_info=dist,
-                                                  num_workers=cfg.data.num_workers, collate_fn=task.collate_fn, pin_memory=pin)
-                try:
-                    test_metrics = engine.evaluate(model, task, test_loader, device=device, amp_dtype=amp_dtype,
-                                                   should_stop=lambda: stop.agreed(device))
-                except engine.Interrupted:
-                    save(sums)  # the epoch's training is complete; its evaluation runs again on resume
-                    raise
+                test_metrics = {}
+                if (epoch + 1) % t.eval_every == 0 or epoch + 1 == t.epochs:
+                    test_loader = loaders.eval_loader(data.test, batch_size=ebs, dist_info=dist, num_workers=cfg.data.num_workers,
+                                                      collate_fn=task.collate_fn, pin_memory=pin)
+                    try:
+                        test_metrics = engine.evaluate(model, task, test_loader, device=device, amp_dtype=amp_dtype,
+                                                       should_stop=lambda: stop.agreed(device))
+                    except engine.Interrupted:
+                        save(sums)  # the epoch's training is complete; its evaluation runs again on resume
+                        raise
+                    if dist.is_main and hasattr(task, "visualize"):
+                        task.visualize(raw, data.test, sub / "predictions" / f"epoch_{epoch + 1:03d}.png", device)
                 row = {"epoch": epoch + 1, "step": progress.step, "lr": optimizer.param_groups[0]["lr"],
                        **{f"train_{k}": v for k, v in train_metrics.items()},
                        **{f"test_{k}": v for k, v in test_metrics.items()},

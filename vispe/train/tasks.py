@@ -15,12 +15,19 @@ object with this interface, so that detection (DETR on COCO) is one more entry i
 ``primary``                         the metric compared across encodings (higher is better)
 ``evaluate(model, loader, ...)``    optional: replaces ``engine.evaluate`` for metrics that are not
                                     sums over samples (COCO mAP gathers predictions instead)
+``check_config(cfg)``               classmethod: refuse config keys the task would ignore
+``param_groups(model, cfg)``        optional: the optimiser's parameter groups (DETR: backbone lr)
+``visualize(model, dataset, path, device)`` optional: a picture of predictions after each evaluation
+
+Tasks: ``classification`` (here) and ``detection`` (``vispe.train.detection``).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
+
+from vispe.train.detection import DetectionTask
 
 #: model fields passed to create_vit only when set (None keeps the preset's value)
 OPTIONAL_MODEL_FIELDS = ("embed_dim", "depth", "num_heads", "mlp_ratio", "class_token", "global_pool",
@@ -34,8 +41,15 @@ class ClassificationTask:
     collate_fn = None
     sum_keys = ("loss", "correct", "count")
 
+    #: config keys only this task reads (another task refuses them when they are changed)
+    own_keys = ("task.label_smoothing", "model.kwargs", *(f"model.{k}" for k in OPTIONAL_MODEL_FIELDS))
+
     def __init__(self, task_cfg: DictConfig):
         self.label_smoothing = float(task_cfg.label_smoothing)
+
+    @classmethod
+    def check_config(cls, cfg: DictConfig) -> None:
+        refuse_other_tasks_keys(cfg, "classification")
 
     def info(self, cfg: DictConfig):
         from vispe.data import dataset_info
@@ -79,7 +93,16 @@ class ClassificationTask:
         return {"loss": float(sums["loss"]) / n, "acc": float(sums["correct"]) / n}
 
 
-TASKS = {"classification": ClassificationTask}
+TASKS = {"classification": ClassificationTask, "detection": DetectionTask}
+
+
+def refuse_other_tasks_keys(cfg: DictConfig, name: str) -> None:
+    """A ConfigError for a key that only another task reads, set away from its default (it would be ignored)."""
+    from vispe.train.config import refuse_unused
+
+    for other, cls in TASKS.items():
+        if other != name:
+            refuse_unused(cfg, cls.own_keys, f"a {other} setting, unused by task.name={name!r}")
 
 
 def get_task(task_cfg: DictConfig):

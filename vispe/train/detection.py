@@ -1,0 +1,170 @@
+"""The detection task of train.py: a DETR-style detector on COCO-format data, scored by COCOeval.
+
+    python train.py --config configs/shapes_detr.yaml           # embedded set, written on first use
+    python train.py --config configs/coco_detr.yaml data.root=/data/coco
+
+``task.name: detection`` plugs into the generic loop of ``vispe.train.engine`` (see
+``vispe.train.tasks`` for the interface): batches are ``(images (B, 3, H, W), mask (B, H, W)
+True = padding, targets)`` from ``vispe.data.detection.collate_detection``; the loss is DETR's
+``SetCriterion``; evaluation runs the criterion (test loss) and gathers every prediction as COCO
+result records (from every process), then ``vispe.data.coco_eval.coco_evaluate`` gives AP, AP50,
+AP75, APs, APm, APl on exactly the images evaluated. ``primary`` is AP. After each evaluation a
+picture of predicted (red) and true (green) boxes on the first ``task.vis_images`` validation
+images is written to ``predictions/epoch_NNN.png`` in the run folder.
+"""
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+
+LOSS_KEYS = ("loss", "loss_ce", "loss_bbox", "loss_giou")
+
+
+class DetectionTask:
+    """DETR on a COCO-format data set (module docstring)."""
+
+    primary = "AP"
+    sum_keys = (*LOSS_KEYS, "count")
+    #: config keys only this task reads (another task refuses them when they are changed)
+    own_keys = ("detr", "task.cost_class", "task.cost_bbox", "task.cost_giou", "task.weight_ce", "task.weight_bbox",
+                "task.weight_giou", "task.eos_coef", "task.size_divisibility", "task.vis_images", "task.vis_score",
+                "data.max_size", "optim.lr_backbone")
+
+    def __init__(self, task_cfg: DictConfig):
+        self.cfg = task_cfg
+        self.criterion = None  # built with the model (it needs the number of classes)
+        self.collate_fn = None
+        self.info_ = None
+
+    @classmethod
+    def check_config(cls, cfg: DictConfig) -> None:
+        from vispe.train.config import ConfigError
+        from vispe.train.tasks import refuse_other_tasks_keys
+
+        refuse_other_tasks_keys(cfg, "detection")
+        if cfg.model.name != "detr":
+            raise ConfigError(f"config key model.name={cfg.model.name!r}: task.name='detection' trains model.name="
+                              "'detr' (its settings are the detr.* keys)")
+        for key in ("task.eos_coef", "task.vis_score"):
+            v = OmegaConf.select(cfg, key)
+            if not 0 < v <= 1:
+                raise ConfigError(f"config key {key}={v!r}: expected a number in (0, 1]")
+        if cfg.task.vis_images < 0 or (cfg.task.size_divisibility is not None and cfg.task.size_divisibility < 1):
+            raise ConfigError(f"config keys task.vis_images={cfg.task.vis_images}, task.size_divisibility="
+                              f"{cfg.task.size_divisibility}: expected vis_images >= 0 and size_divisibility >= 1 or null")
+
+    # --- data ----------------------------------------------------------------------------------------
+    def info(self, cfg: DictConfig):
+        from vispe.data.detection import detection_info
+
+        self.info_ = detection_info(cfg.data.name, root=cfg.data.root, **cfg.data.kwargs)
+        return self.info_
+
+    def dataset(self, cfg: DictConfig, split: str, img_size: int | None = None):
+        from vispe.data.detection import build_detection_dataset
+
+        d = cfg.data
+        return build_detection_dataset(d.name, "val" if split == "test" else split, root=d.root, img_size=img_size,
+                                       max_size=d.max_size, train_augment=d.train_augment, seed=d.seed,
+                                       download=d.download, **d.kwargs)
+
+    # --- model and loss ----------------------------------------------------------------------------
+    def model(self, cfg: DictConfig, info, img_size: int) -> torch.nn.Module:
+        from vispe.data.detection import collate_detection
+        from vispe.models.detr import HungarianMatcher, SetCriterion, create_detr
+
+        t, m = cfg.task, OmegaConf.to_container(cfg.detr, resolve=True)
+        model = create_detr(info.num_classes, pe=cfg.model.pe, pe_kwargs=dict(cfg.model.pe_kwargs),
+                            **{k: (tuple(v) if k in ("grid", "backbone_widths") and v is not None else v)
+                               for k, v in m.items()})
+        matcher = HungarianMatcher(t.cost_class, t.cost_bbox, t.cost_giou)
+        self.criterion = SetCriterion(info.num_classes, matcher, eos_coef=t.eos_coef, weight_ce=t.weight_ce,
+                                      weight_bbox=t.weight_bbox, weight_giou=t.weight_giou)
+        divisor = t.size_divisibility or model.backbone.stride
+        self.collate_fn = partial(collate_detection, size_divisibility=divisor)
+        return model
+
+    def param_groups(self, model: torch.nn.Module, cfg: DictConfig) -> list[dict]:
+        """DETR's two groups: the backbone at ``optim.lr_backbone`` (default ``optim.lr``), the rest at ``optim.lr``."""
+        o = cfg.optim
+        lr_backbone = o.lr_backbone if o.lr_backbone is not None else o.lr
+        return model.param_groups(o.lr, lr_backbone, o.weight_decay)
+
+    def _forward(self, model, batch, device):
+        """(outputs, losses, sums) of one batch."""
+        images, mask, targets = batch
+        images = images.to(device, non_blocking=True)  # (B, 3, H, W)
+        mask = mask.to(device, non_blocking=True)  # (B, H, W)
+        out = model(images, mask)
+        losses = self.criterion.to(device)(out, targets)
+        n = images.shape[0]
+        with torch.no_grad():
+            sums = {k: losses[k].detach().double() * n for k in LOSS_KEYS}
+            sums["count"] = torch.tensor(float(n), dtype=torch.float64, device=device)
+        return out, losses, sums
+
+    def step(self, model, batch, device, *, train: bool = True):
+        _, losses, sums = self._forward(model, batch, device)
+        return losses["loss"], sums
+
+    def metrics(self, sums: dict) -> dict:
+        n = max(float(sums["count"]), 1.0)
+        return {k: float(sums[k]) / n for k in LOSS_KEYS}
+
+    # --- evaluation --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, model, loader, *, device, amp_dtype, should_stop=lambda: False) -> dict:
+        """Test losses and COCO AP of ``model`` on this process's share of the data, over all processes."""
+        from vispe.data.coco_eval import coco_evaluate
+        from vispe.models.detr import to_coco_results
+        from vispe.train.distributed import all_reduce_sums
+        from vispe.train.engine import Interrupted, add_sums, autocast
+
+        model.eval()
+        coco = _coco_of(loader.dataset)
+        categories = set(coco.getCatIds())  # a class id that is no category (COCO's gaps, id 0) is not a detection
+        sums, results, image_ids = {}, [], []
+        for batch in loader:
+            if should_stop():
+                raise Interrupted
+            with autocast(device, amp_dtype):
+                out, _, batch_sums = self._forward(model, batch, device)
+            add_sums(sums, batch_sums)
+            results += [r for r in to_coco_results(out, batch[2]) if r["category_id"] in categories]
+            image_ids += [int(t["image_id"]) for t in batch[2]]
+        for k in self.sum_keys:  # an empty shard still takes part in the reduction
+            sums.setdefault(k, torch.zeros((), dtype=torch.float64, device=device))
+        metrics = self.metrics(all_reduce_sums(sums))
+        results, image_ids = _gather(results), _gather(image_ids)
+        return {**metrics, **coco_evaluate(coco, results, img_ids=sorted(set(image_ids)))}
+
+    @torch.no_grad()
+    def visualize(self, model, dataset, path: str | Path, device) -> None:
+        """Predicted (red, with scores) and true (green) boxes on the first ``task.vis_images`` images, one PNG."""
+        from vispe.train.detection_vis import draw_predictions
+
+        if self.cfg.vis_images:
+            draw_predictions(model, dataset, path, device=device, collate_fn=self.collate_fn, info=self.info_,
+                             n=self.cfg.vis_images, score=self.cfg.vis_score)
+
+
+def _gather(items: list) -> list:
+    """The concatenation of ``items`` over every process (a plain copy with one process)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return list(items)
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, items)
+    return [x for part in parts for x in part]
+
+
+def _coco_of(dataset):
+    """The pycocotools COCO of a detection data set, through Subset / SeededSamples wrappers."""
+    while not hasattr(dataset, "coco"):
+        if not hasattr(dataset, "dataset"):
+            raise ValueError(f"{type(dataset).__name__} has no .coco: expected a vispe detection data set")
+        dataset = dataset.dataset
+    return dataset.coco
