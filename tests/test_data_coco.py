@@ -161,8 +161,9 @@ def test_coco_evaluate_against_an_exact_iou(mini, capsys):
     first = [r for r in grown if r["image_id"] == gt[0]["image_id"]]  # detections of one image only
     assert coco_evaluate(coco, first)["AP50"] < 0.9
     assert coco_evaluate(coco, first, img_ids=[gt[0]["image_id"]])["AP50"] == pytest.approx(1.0)
-    for bad, match in (([{**grown[0], "image_id": 999}], "image_id=999"), ([{**grown[0], "category_id": 2}],
-                       "category_id=2"), ([{"image_id": 1}], "lacks category_id"),
+    junk = [{**r, "category_id": c, "score": 0.99} for r in grown for c in (0, 2, 8)]  # labels no category has
+    assert coco_evaluate(coco, grown + junk) == stats
+    for bad, match in (([{**grown[0], "image_id": 999}], "image_id=999"), ([{"image_id": 1}], "lacks category_id"),
                        ([{**grown[0], "bbox": [0, 0, float("nan"), 1]}], "bbox")):
         with pytest.raises(ValueError, match=match):
             coco_evaluate(coco, bad)
@@ -173,7 +174,8 @@ def test_coco_evaluate_against_an_exact_iou(mini, capsys):
 def test_detr_scales():
     assert detr_scales(800) == dict(scales=tuple(range(480, 801, 32)), crop_resize=(400, 500, 600), crop=(384, 600))
     s = detr_scales(128)
-    assert s["scales"][0] == 77 and s["scales"][-1] == 128 and s["crop_resize"] == (64, 80, 96) and s["crop"] == (61, 96)
+    assert s["scales"][0] == 77 and s["scales"][-1] == 128  # 480/800 * 128 = 76.8 -> 77
+    assert s["crop_resize"] == (64, 80, 96) and s["crop"] == (61, 96)
     assert scale_list((480, 481), 1) == (1,)
 
 

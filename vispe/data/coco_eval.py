@@ -3,8 +3,10 @@
     stats = coco_evaluate(dataset.coco, results)   # {"AP": ..., "AP50": ..., "AP75": ..., "APs", "APm", "APl"}
 
 ``results``: COCO-format dicts ``{"image_id", "category_id", "bbox": [x, y, w, h] in the original
-image's pixels, "score"}``. Every image of ``coco_gt`` is evaluated (``img_ids`` restricts it,
-e.g. to the images a run saw). The values are COCOeval's ``stats[0:6]``: AP over IoU 0.50:0.95,
+image's pixels, "score"}``. A result whose ``category_id`` is not a category of ``coco_gt`` (a
+detector's label 0 or an unused id) is left out, as COCOeval, which scores the ground truth's
+categories only, would ignore it; one for an image not in ``coco_gt`` is an error. Every image
+of ``coco_gt`` is evaluated (``img_ids`` restricts it, e.g. to the images a run saw). The values are COCOeval's ``stats[0:6]``: AP over IoU 0.50:0.95,
 AP at IoU 0.50 and 0.75, AP of small (< 32^2 px area), medium and large objects, each over at
 most 100 detections per image. As in COCOeval, a value is -1.0 when the ground truth has no
 object of that kind (e.g. APl on a set without large objects). An empty ``results`` list is
@@ -29,16 +31,13 @@ def _check_results(coco_gt: COCO, results) -> None:
     if not isinstance(results, list):
         raise ValueError(f"results is a {type(results).__name__}: expected a list of dicts with image_id, "
                          "category_id, bbox [x, y, w, h] and score")
-    images, cats = set(coco_gt.getImgIds()), set(coco_gt.getCatIds())
+    images = set(coco_gt.getImgIds())
     for i, r in enumerate(results):
         missing = [k for k in ("image_id", "category_id", "bbox", "score") if not isinstance(r, dict) or k not in r]
         if missing:
             raise ValueError(f"results[{i}] = {str(r)[:100]} lacks {', '.join(missing)}")
         if r["image_id"] not in images:
             raise ValueError(f"results[{i}] has image_id={r['image_id']!r}, which is not an image of the ground truth")
-        if r["category_id"] not in cats:
-            raise ValueError(f"results[{i}] has category_id={r['category_id']!r}, which is not a category of the "
-                             f"ground truth (ids {sorted(cats)})")
         box = r["bbox"]
         if len(box) != 4 or not all(math.isfinite(float(v)) for v in box) or not math.isfinite(float(r["score"])):
             raise ValueError(f"results[{i}] has bbox={box!r}, score={r['score']!r}: expected [x, y, w, h] and a "
@@ -62,6 +61,8 @@ def coco_evaluate(coco_gt: COCO, results: list[dict], *, img_ids=None, verbose: 
     if not isinstance(coco_gt, COCO):
         raise ValueError(f"coco_gt is a {type(coco_gt).__name__}: expected a pycocotools COCO (dataset.coco)")
     _check_results(coco_gt, results)
+    cats = set(coco_gt.getCatIds())
+    results = [r for r in results if r["category_id"] in cats]  # COCOeval would ignore them anyway
     quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
     with quiet:
         coco_dt = _load_results(coco_gt, results)

@@ -14,15 +14,17 @@ base colour, smooth colour blotches, stripes or a checkerboard or neither, pixel
 ``min_object``..``max_object`` pixels wide (default 12..60), in a colour far from the
 background under it. Objects do not overlap (2-pixel gap); three in four lie wholly inside the
 image, the others may be cut by the border (at least 40 % of the shape and 6 pixels in each
-direction visible). The box of
-an object is the tight box of its visible pixels ``[x, y, w, h]`` (pixel edges) and ``area`` its
-pixel count. JPEG quality 90. Defaults: 1,500 train and 200 val images.
+direction visible). The box of an object is the tight box of its visible pixels ``[x, y, w, h]``
+(pixel edges) and ``area`` its pixel count. JPEG quality 90. Defaults: 1,500 train and 200 val
+images (about 13 MB). The loader's defaults for this set: ``img_size=128``, ``max_size=192``.
 
 Writing is atomic: the set is written into a temporary sibling folder, the stamp last, and
 renamed into place; a run killed half-way leaves only the temporary folder (removed by the next
-call once its process is gone). A folder with the stamp of other options is refused (choose
-another ``root``); a non-empty folder without a stamp is refused (it is not a complete set).
-``root=None`` gives ``$VISPE_DATA/shapes/seed<seed>-<hash of the options>`` (else ``./data/...``).
+call on the same host once its process is gone). Processes writing the same set at once (DDP
+ranks) each write their own copy; the first rename wins and the others find it complete. A
+folder with the stamp of other options is refused (choose another ``root``); a non-empty folder
+without a stamp is refused (it is not a complete set). ``root=None`` gives
+``$VISPE_DATA/shapes/seed<seed>-<hash of the options>`` (``./data/...`` without ``$VISPE_DATA``).
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
@@ -88,7 +91,7 @@ def ensure_shapes(root=None, seed: int = 0, **kwargs) -> Path:
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(folder)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-{os.getpid()}-", dir=folder.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(folder), dir=folder.parent))
     try:
         write_shapes(tmp, seed, opts)
         (tmp / STAMP).write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n")  # last: marks completion
@@ -112,23 +115,34 @@ def _is_complete(folder: Path, stamp: dict) -> bool:
             return False
         raise ValueError(f"root={str(folder)!r} holds files but no {STAMP}: it is not a complete shapes set (a "
                          "half-written set is never moved into place); delete it or choose another root")
-    found = json.loads(path.read_text())
+    try:
+        found = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        found = {"stamp": "unreadable"}
     if found != stamp:
-        diff = {k: (found.get(k), stamp.get(k)) for k in sorted(set(found) | set(stamp)) if found.get(k) != stamp.get(k)}
-        raise ValueError(f"root={str(folder)!r} holds a shapes set made with other settings ({', '.join(f'{k}: has {a!r}, asked {b!r}' for k, (a, b) in diff.items())}); "
+        diff = ", ".join(f"{k}: has {found.get(k)!r}, asked {stamp.get(k)!r}"
+                         for k in sorted(set(found) | set(stamp)) if found.get(k) != stamp.get(k))
+        raise ValueError(f"root={str(folder)!r} holds a shapes set made with other settings ({diff}); "
                          "choose another root or delete it")
     return True
 
 
+def _temp_prefix(folder: Path) -> str:
+    return f".{folder.name}.tmp-{os.getpid()}@{socket.gethostname()}-"
+
+
 def _remove_stale_temps(folder: Path) -> None:
-    """Delete temporary folders of ``folder`` left by processes that no longer run."""
-    for tmp in folder.parent.glob(f".{folder.name}.tmp-*"):
+    """Delete temporary folders of ``folder`` left by processes of this host that no longer run
+    (another host's, e.g. a rank of a multi-node run on a shared disk, are left alone)."""
+    for tmp in folder.parent.glob(f".{folder.name}.tmp-*@*"):
+        pid, _, rest = tmp.name[len(folder.name) + 6:].partition("@")
+        if rest.rsplit("-", 1)[0] != socket.gethostname() or not pid.isdigit():
+            continue
         try:
-            pid = int(tmp.name[len(folder.name) + 6:].split("-")[0])
-            os.kill(pid, 0)
+            os.kill(int(pid), 0)
         except ProcessLookupError:
             shutil.rmtree(tmp, ignore_errors=True)
-        except (ValueError, PermissionError, OSError):
+        except OSError:  # e.g. PermissionError: the process exists
             continue
 
 
