@@ -245,7 +245,7 @@ class CocoDetectionSet(Dataset):
         return len(self.ids)
 
     def __getitem__(self, i: int):
-        return self._data[i]
+        return self._data[int(i)]  # torchvision's CocoDetection refuses numpy integers
 
     def __repr__(self) -> str:
         return f"CocoDetectionSet(root={str(self.root)!r}, split={self.split!r}, n={len(self)}, {self.transform})"
