@@ -36,10 +36,13 @@ def draw_predictions(model, dataset, path: str | Path, *, device, collate_fn, in
         pixels = ((img[:, :h, :w].cpu() * std + mean).clamp(0, 1) * 255).to(torch.uint8)  # (3, h, w)
         scale = torch.tensor([w, h, w, h], dtype=torch.float32)
         gt = box_convert(t["boxes"].float() * scale, "cxcywh", "xyxy")
-        pixels = draw_bounding_boxes(pixels, gt, colors="lime", width=1)
+        if len(gt):
+            pixels = draw_bounding_boxes(pixels, gt, colors="lime", width=1)
         keep = det["scores"] > score
-        labels = [f"{names.get(int(c), c)} {s:.2f}" for c, s in zip(det["labels"][keep].tolist(), det["scores"][keep].tolist())]
-        pixels = draw_bounding_boxes(pixels, det["boxes"][keep].cpu(), labels=labels, colors="red", width=1)
+        if keep.any():
+            labels = [f"{names.get(int(c), c)} {s:.2f}"
+                      for c, s in zip(det["labels"][keep].tolist(), det["scores"][keep].tolist())]
+            pixels = draw_bounding_boxes(pixels, det["boxes"][keep].cpu(), labels=labels, colors="red", width=1)
         tiles.append(pixels)
     H, W = max(t.shape[1] for t in tiles), max(t.shape[2] for t in tiles)
     tiles = [torch.nn.functional.pad(t, (0, W - t.shape[2], 0, H - t.shape[1])) for t in tiles]
