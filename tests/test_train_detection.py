@@ -65,7 +65,7 @@ def test_detection_run_writes_coco_metrics_pictures_and_a_comparison(setup):
 
 def test_sigkill_then_resume_equals_uninterrupted(setup):
     tmp, args, main = setup
-    env = {**os.environ, "VISPE_TEST_SIGNAL_AT_STEP": "4:KILL"}  # step 4 = batch 1 of epoch 2
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "VISPE_TEST_SIGNAL_AT_STEP": "4:KILL"}  # step 4 = batch 1 of epoch 2
     proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *args, "train.run_name=killed",
                            "train.ckpt_every_steps=2"], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]

@@ -58,7 +58,7 @@ def _assert_same(a, b):
 
 def test_sigkill_mid_epoch_then_resume_equals_uninterrupted(setup):
     tmp, args, main = setup
-    env = {**os.environ, "VISPE_TEST_SIGNAL_AT_STEP": "10:KILL"}  # step 10 = batch 3 of epoch 2
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "VISPE_TEST_SIGNAL_AT_STEP": "10:KILL"}  # step 10 = batch 3 of epoch 2
     proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *args, "train.run_name=killed"],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
