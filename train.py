@@ -23,6 +23,7 @@ import time
 import traceback
 from pathlib import Path
 
+from vispe.data.common import DataFileError
 from vispe.train import config as C
 from vispe.train import distributed as D
 from vispe.train import rundir
@@ -99,8 +100,11 @@ def main(argv=None) -> int:
         if os.environ.get("VISPE_TRACEBACK"):
             traceback.print_exc()
         return 2
-    except FloatingPointError as e:  # diverged: the last checkpoint and the logs stay as they are
+    except (FloatingPointError, DataFileError) as e:  # diverged, or a bad data file: checkpoints and logs stay
         print(f"train.py: error: {e}", file=sys.stderr, flush=True)
+        if isinstance(e, DataFileError):
+            print("train.py: the checkpoints and logs written so far are kept; fix or remove the file, then "
+                  "continue with --resume", file=sys.stderr, flush=True)
         return 1
     except Interrupted:
         if dist.is_main:

@@ -108,3 +108,21 @@ def test_ddp_two_processes_ap_equals_one_process(setup):
         # how the images are batched, which differs between two shards and one process)
         assert got["loss"] > 0 and one["loss"] > 0
     assert proc.stdout.count("[sine] final:") == 1
+
+
+def test_a_corrupt_image_mid_run_is_an_error_naming_it_and_keeps_what_was_written(tmp_path):
+    coco = write_miniature_coco(tmp_path / "coco", n_images=4, seed=1)
+    args = tiny_args(tmp_path, coco) + ["train.run_name=corrupt", "train.epochs=1", "train.eval_sizes=[1.0]",
+                                        "task.vis_images=0"]
+    main = load_train_main()
+    assert main(args) == 0
+    sub = tmp_path / "runs" / "corrupt" / "sine"
+    before = {f: (sub / f).read_bytes() for f in ("checkpoint.pt", "metrics.csv")}
+    bad = sorted((coco / "train2017").iterdir())[1]
+    bad.write_bytes(bad.read_bytes()[:40])  # truncated
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *args, "train.epochs=2", "--resume"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert f"train.py: error: COCO image file {bad}" in proc.stderr and "cannot be decoded" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert {f: (sub / f).read_bytes() for f in before} == before

@@ -43,6 +43,7 @@ from pycocotools.coco import COCO
 from torch.utils.data import Dataset
 from torchvision.datasets import CocoDetection, VisionDataset, wrap_dataset_for_transforms_v2
 
+from vispe.data.common import DataFileError
 from vispe.data.det_transforms import DetectionTransform
 
 SPLITS = ("train", "val")
@@ -208,12 +209,12 @@ class _CocoImages(CocoDetection):
             with Image.open(path) as im:
                 image = im.convert("RGB")
         except FileNotFoundError as err:
-            raise FileNotFoundError(f"COCO image file {path} (image id {id}) not found") from err
+            raise DataFileError(f"COCO image file {path} (image id {id}) not found") from err
         except (OSError, SyntaxError, ValueError) as err:
-            raise ValueError(f"COCO image file {path} (image id {id}) cannot be decoded ({type(err).__name__}: "
-                             f"{err}); it may be truncated or corrupt") from err
+            raise DataFileError(f"COCO image file {path} (image id {id}) cannot be decoded ({type(err).__name__}: "
+                                f"{err}); it may be truncated or corrupt") from err
         if image.size != (info["width"], info["height"]):
-            raise ValueError(f"COCO image file {path} (image id {id}) is {image.size[0]}x{image.size[1]} "
+            raise DataFileError(f"COCO image file {path} (image id {id}) is {image.size[0]}x{image.size[1]} "
                              f"(w x h); its annotation file says {info['width']}x{info['height']}")
         return image
 

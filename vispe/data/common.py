@@ -11,6 +11,11 @@ from typing import Callable, Mapping
 from vispe import _checks
 
 SPLITS = ("train", "test")
+
+
+class DataFileError(ValueError):
+    """A data file that cannot be read while a run is going (missing, corrupt, truncated, of the wrong
+    size); the message names the file. train.py reports it as an error and keeps what it wrote."""
 AUGMENT_MODES = ("default", "none")
 
 
