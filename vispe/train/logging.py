@@ -15,15 +15,58 @@ import os
 from pathlib import Path
 
 
-def atomic_write(path: str | Path, data: str | bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename."""
+class WriteError(Exception):
+    """A file of the run could not be written (full disk, read-only folder); says which and why."""
+
+
+def os_error_in(err: BaseException | None) -> OSError | None:
+    """The OSError behind ``err`` (itself, or in its chain: torch wraps a failed write)."""
+    while err is not None:
+        if isinstance(err, OSError):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def write_error(path: str | Path, err: BaseException) -> WriteError:
+    """A WriteError naming ``path`` (hence its folder) and the system's reason."""
+    cause = os_error_in(err) or err
+    why = f"{cause.strerror} [Errno {cause.errno}]" if isinstance(cause, OSError) and cause.strerror else str(cause)
+    return WriteError(f"cannot write {path}: {why}. Files already written there are kept; free some space "
+                      "or make the folder writable, then run again (--resume continues from the last checkpoint)")
+
+
+def remove_quietly(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def write_atomically(path: str | Path, write) -> None:
+    """Call ``write(f)`` on ``<path>.tmp``, flush it to disk and rename it over ``path``.
+
+    On any failure the temporary file is removed and ``path`` is left as it was; a failure caused
+    by the system (full disk, no permission) becomes a WriteError naming the file.
+    """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        remove_quietly(tmp)
+        if isinstance(e, Exception) and os_error_in(e) is not None:
+            raise write_error(path, e) from e
+        raise
+
+
+def atomic_write(path: str | Path, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename (``write_atomically``)."""
+    write_atomically(path, lambda f: f.write(data.encode() if isinstance(data, str) else data))
 
 
 class RunLog:
@@ -34,7 +77,10 @@ class RunLog:
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(self.dir / "tb"), purge_step=purge_step)
+            try:
+                self._tb = SummaryWriter(str(self.dir / "tb"), purge_step=purge_step)
+            except OSError as e:
+                raise write_error(self.dir / "tb", e) from e
 
     def scalars(self, step: int, values: dict, prefix: str) -> None:
         if self._tb is not None:
@@ -68,8 +114,11 @@ class RunLog:
 
     def close(self) -> None:
         if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+            tb, self._tb = self._tb, None
+            try:
+                tb.close()
+            except OSError:  # a full disk: the error that stopped the run is the one to report
+                pass
 
 
 def plot_curves(history: list[dict], path: str | Path, title: str = "") -> None:

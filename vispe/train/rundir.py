@@ -31,7 +31,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from vispe.train import config as C
-from vispe.train.logging import atomic_write
+from vispe.train.logging import atomic_write, write_error
 
 
 class RunFolderError(ValueError):
@@ -99,6 +99,13 @@ def plan(cfg: DictConfig, *, resume: bool) -> tuple[str, list[str]]:
 def execute(cfg: DictConfig, action: str) -> Path:
     """Carry out ``plan``'s action (rank 0 only) and write the resolved config."""
     path = run_dir(cfg)
+    try:
+        return _execute(cfg, action, path)
+    except OSError as e:  # a read-only out_dir, a full disk
+        raise write_error(path, e) from e
+
+
+def _execute(cfg: DictConfig, action: str, path: Path) -> Path:
     if action == "backup":
         backup = path.with_name(f"{path.name}.bak-{time.strftime('%Y%m%d-%H%M%S')}")
         n = 1
@@ -132,7 +139,10 @@ def finished_summary(sub: Path, epochs: int) -> dict | None:
 
 def write_config(sub: Path, cfg: DictConfig) -> None:
     """The resolved config of one encoding's run, in its folder."""
-    sub.mkdir(parents=True, exist_ok=True)
+    try:
+        sub.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise write_error(sub, e) from e
     stored = copy.deepcopy(cfg)
     stored.train.overwrite = False
     atomic_write(sub / "config.yaml", OmegaConf.to_yaml(stored, resolve=True))
