@@ -3,7 +3,9 @@
 The history of per-epoch metrics lives in the checkpoint (``Progress.history``); ``metrics.csv``
 and ``curves.png`` are rewritten from it (atomically) after each epoch, so a run that is killed and
 resumed has exactly one row per epoch. TensorBoard uses the optimiser step as x axis for every
-tag and, on resume, purges the events written after the checkpoint (``purge_step``).
+tag; the runner flushes the events of a step before it writes that step's checkpoint, and on
+resume purges the events of later steps (``purge_step`` = checkpoint step + 1), so the scalars read
+back equal an uninterrupted run's, step for step (tests/test_train_resume.py).
 Only rank 0 logs (``enabled=False`` elsewhere).
 """
 from __future__ import annotations
@@ -87,13 +89,21 @@ class RunLog:
             for k, v in values.items():
                 self._tb.add_scalar(f"{prefix}/{k}", v, step)
 
+    def flush(self) -> None:
+        """Write the queued TensorBoard events to disk."""
+        if self._tb is not None:
+            try:
+                self._tb.flush()
+            except OSError as e:
+                raise write_error(self.dir / "tb", e) from e
+
     def epoch(self, history: list[dict]) -> None:
         """Log the last epoch of ``history`` and rewrite metrics.csv and curves.png."""
         if not self.enabled:
             return
         row = history[-1]
         self.scalars(row["step"], {k: v for k, v in row.items() if k not in ("epoch", "step")}, "epoch")
-        self._tb.flush()
+        self.flush()
         self.files(history)
 
     def files(self, history: list[dict]) -> None:

@@ -167,8 +167,10 @@ def run_encoding(cfg: DictConfig, task, data: Data, sub: Path, *, resume: bool, 
         model = torch.compile(model)
     raw = ckpt.unwrap(model)
     n_params = sum(p.numel() for p in raw.parameters())
-    # on resume, TensorBoard events written after the checkpoint (by the stopped process) are purged
-    log = RunLog(sub, enabled=dist.is_main, purge_step=progress.step if resume else None)
+    # Every TensorBoard event of step s is on disk before the checkpoint of step s is written (see
+    # `save` and the end of an epoch), so on resume the events of steps after the checkpoint's,
+    # written by the stopped process, are the ones to purge: purge_step = step + 1.
+    log = RunLog(sub, enabled=dist.is_main, purge_step=progress.step + 1 if resume else None)
     if resumed and progress.history:
         log.files(progress.history)  # a stop between checkpoint and CSV must not lose a row
     bs = cfg.data.batch_size
@@ -182,6 +184,7 @@ def run_encoding(cfg: DictConfig, task, data: Data, sub: Path, *, resume: bool, 
         progress.epoch_sums = {k: float(v) for k, v in D.all_reduce_sums(dict(sums)).items()}
         progress.elapsed_s = time.time() - start
         if dist.is_main:
+            log.flush()  # the events up to this step reach the disk before the checkpoint does
             ckpt.save(path, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                       progress=progress, config=config)
 
@@ -246,8 +249,8 @@ def run_encoding(cfg: DictConfig, task, data: Data, sub: Path, *, resume: bool, 
                        "img_per_s": round(seen * dist.world_size / max(epoch_time, 1e-9), 1)}
                 progress.history.append(row)
                 progress.epoch, progress.batch = epoch + 1, 0
+                log.epoch(progress.history)  # before the checkpoint: a stop in between redoes the epoch
                 save({})
-                log.epoch(progress.history)
                 if dist.is_main:
                     eta = (t.epochs - epoch - 1) * progress.elapsed_s / max(epoch + 1, 1)  # rough: mean epoch so far
                     print(f"[{cfg.model.pe}] epoch {epoch + 1}/{t.epochs}  " +
