@@ -118,7 +118,25 @@ def test_resume_of_a_finished_run_trains_nothing_and_can_extend_it(setup, capsys
     assert [(tmp / "runs/extended" / f).read_bytes() for f in files] == before
     # more epochs: training continues from the last checkpoint (train.epochs may change on resume)
     assert main(args + ["train.run_name=extended", "--resume", "train.epochs=3"]) == 0
+    out = capsys.readouterr().out
+    assert "learning-rate schedule" in out and "min_lr" in out  # says what it does (issue 19, item 7)
     summary = json.loads((tmp / "runs/extended/learned_abs/summary.json").read_text())
     assert summary["epochs"] == 3 and summary["steps"] == 21 and summary["final"]["epoch"] == 3
     # the first two epochs are the original ones (a restart would differ: its schedule spans 3 epochs)
     assert _results(tmp / "runs/extended")[2][:2] == _results(tmp / "runs/straight")[2]
+    # the schedule had reached optim.min_lr: the new epoch stays there (no jump back up the cosine)
+    lrs = dict(_tensorboard(tmp / "runs/extended")["train/lr"])
+    assert lrs[14] == pytest.approx(1e-5, rel=1e-4)
+    assert [lrs[s] for s in range(15, 22)] == pytest.approx([1e-5] * 7, rel=1e-4)
+
+
+def test_resume_with_fewer_epochs_than_done_is_refused(setup, capsys):
+    tmp, args, main = setup
+    shutil.copytree(tmp / "runs/straight", tmp / "runs/shorter")
+    for f in (tmp / "runs/shorter").glob("**/config.yaml"):
+        f.write_text(f.read_text().replace("run_name: straight", "run_name: shorter"))
+    for f in (tmp / "runs/shorter").glob("**/summary.json"):  # as if stopped before its final evaluation
+        f.unlink()
+    assert main(args + ["train.run_name=shorter", "--resume", "train.epochs=1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("train.py: error: ") and "train.epochs=1" in err and "14 steps" in err, err

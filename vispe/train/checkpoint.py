@@ -43,6 +43,7 @@ class Progress:
     epoch_sums: dict = field(default_factory=dict)  # running training sums of the current epoch
     history: list = field(default_factory=list)  # one dict of metrics per finished epoch
     elapsed_s: float = 0.0  # training time spent before this process started
+    schedule: list = field(default_factory=list)  # the learning-rate plan's segments (vispe.train.schedule)
 
 
 def rng_state() -> dict:

@@ -25,6 +25,7 @@ from vispe.train import checkpoint as ckpt
 from vispe.train import distributed as D
 from vispe.train import engine, loaders
 from vispe.train.logging import RunLog
+from vispe.train.schedule import LRPlan, build_scheduler
 
 #: test hook "<step>:<KILL|INT|TERM>": the process sends itself that signal after optimiser step
 #: <step> (tests of resume after SIGKILL and after Ctrl-C); unset in normal use
@@ -95,27 +96,6 @@ def build_optimizer(cfg: DictConfig, model: torch.nn.Module, task=None) -> torch
                                foreach=False, **extra)
 
 
-def build_scheduler(cfg: DictConfig, optimizer, total_steps: int, steps_per_epoch: int):
-    """Linear warm-up over ``optim.warmup_epochs``, then cosine to ``optim.min_lr``, constant, or
-    step (DETR: x0.1 from epoch ``optim.lr_drop`` on). Factors apply to every parameter group."""
-    o = cfg.optim
-    warmup = min(int(round(o.warmup_epochs * steps_per_epoch)), total_steps)
-    floor = o.min_lr / o.lr
-    drop_step = int(round(o.lr_drop * steps_per_epoch)) if o.lr_drop is not None else None
-
-    def factor(t: int) -> float:  # lr multiplier of optimiser step t (0-based)
-        if t < warmup:
-            return (t + 1) / warmup
-        if o.schedule == "constant":
-            return 1.0
-        if o.schedule == "step":
-            return 0.1 if t >= drop_step else 1.0
-        p = min((t - warmup) / max(total_steps - warmup, 1), 1.0)
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * p))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
 def eval_size(base: int, scale: float, patch: int) -> int:
     """``base * scale`` rounded to a multiple of the patch size (at least one patch)."""
     return max(patch, int(round(base * scale / patch)) * patch)
@@ -148,7 +128,8 @@ def run_encoding(cfg: DictConfig, task, data: Data, sub: Path, *, resume: bool, 
     model = build_model(task, cfg, data).to(device)
     optimizer = build_optimizer(cfg, model, task)
     steps_per_epoch = loaders.num_train_batches(len(data.train), cfg.data.batch_size, dist)
-    scheduler = build_scheduler(cfg, optimizer, steps_per_epoch * t.epochs, steps_per_epoch)
+    plan = LRPlan(cfg, steps_per_epoch, t.epochs)
+    scheduler = build_scheduler(optimizer, plan)
     scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
     config = OmegaConf.to_container(cfg, resolve=True)
     path = sub / "checkpoint.pt"
@@ -158,9 +139,18 @@ def run_encoding(cfg: DictConfig, task, data: Data, sub: Path, *, resume: bool, 
         ckpt.check_compatible(state, model, config, path)
         progress, resumed = ckpt.restore(state, model=model, optimizer=optimizer, scheduler=scheduler,
                                          scaler=scaler), True
+        # the schedule the checkpoint followed (older checkpoints: the one of its config's epochs)
+        plan.segments = LRPlan(cfg, steps_per_epoch, state["config"]["train"]["epochs"], progress.schedule).segments
+        try:
+            note = plan.replan(steps_per_epoch * t.epochs, progress.step)  # train.epochs changed
+        except ValueError as e:
+            raise SetupError(f"--resume with train.epochs={t.epochs}: {e} ({progress.epoch} epochs in {path})") from None
         if dist.is_main:
             print(f"[{cfg.model.pe}] resumed from {path}: epoch {progress.epoch}, batch {progress.batch}, "
                   f"step {progress.step}", flush=True)
+            if note:
+                print(f"[{cfg.model.pe}] {note}", flush=True)
+    progress.schedule = plan.segments
     if dist.enabled:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     if t.compile:
