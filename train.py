@@ -65,13 +65,13 @@ def main(argv=None) -> int:
         pes = C.encodings(cfg)
         for pe in pes:  # an unknown encoding or a bad model option fails here, before anything is written
             build_model(task, C.for_encoding(cfg, pe), data)
-        action, notes = rundir.plan(cfg, resume=args.resume)
+        action, notes = rundir.plan(cfg, resume=args.resume, smoke=args.smoke)
         D.barrier()
         out = rundir.run_dir(cfg)
         if dist.is_main:
             for note in notes:
                 print(note, flush=True)
-            rundir.execute(cfg, action)
+            rundir.execute(cfg, action, smoke=args.smoke)
             print(f"run folder: {out}  (encodings: {', '.join(pes)}; world size {dist.world_size})", flush=True)
         D.barrier()
         summaries, histories, trained = {}, {}, False
