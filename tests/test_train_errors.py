@@ -172,3 +172,24 @@ def test_a_smoke_run_replaces_the_previous_smoke_run_but_never_a_real_one(tmp_pa
     capsys.readouterr()
     _fails(args + ["train.run_name=real"], capsys, "already holds a finished run", "not a smoke run")
     assert _fingerprint(tmp_path / "real") == before
+
+
+def test_non_finite_inputs_stop_training_with_a_message_about_the_data(tmp_path, capsys, monkeypatch):
+    """Issue 19, item 6: NaN in the training images is reported as a data problem, not only as a
+    NaN loss (the loss is checked every train.log_every steps; the inputs of every step count)."""
+    from vispe.train import loaders
+
+    real = loaders.train_loader
+
+    def poisoned(*args, **kwargs):
+        for i, (x, y) in enumerate(real(*args, **kwargs)):
+            if i == 1:
+                x = x.clone()
+                x[0, 0, 0, 0] = float("nan")
+            yield x, y
+
+    monkeypatch.setattr(loaders, "train_loader", poisoned)
+    assert main([f"train.out_dir={tmp_path}", *TINY, "train.epochs=2", "train.log_every=100"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("train.py: error: ")
+    assert "NaN or inf" in err and "input" in err and "data.name='digits_cell'" in err, err

@@ -101,6 +101,10 @@ class PositionEncoding(nn.Module):
 class AdditiveEncoding(PositionEncoding):
     family = "additive"
     dim: int
+    #: whether a model gives this encoding its prefix (class, register) tokens by default, i.e. builds
+    #: it with ``num_prefix_tokens = P`` so that they get learned position vectors (``learned_abs``,
+    #: timm's layout); the others give prefix tokens no position unless asked
+    learned_prefix: ClassVar[bool] = False
 
     def prefix(self, *, device=None, dtype=None) -> torch.Tensor | None:  # (1, P, dim) or None
         return None

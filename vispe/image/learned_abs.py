@@ -57,6 +57,8 @@ class LearnedAbsEncoding(AdditiveBase):
         overflow: "interpolate" (default) or "error" for a grid larger than ``grid``.
     """
 
+    learned_prefix = True  # in a ViT, class/register tokens get learned vectors (timm's pos_embed)
+
     def __init__(self, dim: int, *, grid, num_prefix_tokens: int = 0,
                  init_std: float = 0.02, interpolation: str = "bicubic", antialias: bool = True,
                  overflow: str = "interpolate") -> None:

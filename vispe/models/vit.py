@@ -20,6 +20,18 @@ Where each family goes (one rule per family, tested):
 
 Any image size divisible by the patch size runs (fixed tables recompute, learned ones resample,
 relative ones resize). ``learned_abs`` keeps timm's ``pos_embed`` key, so timm checkpoints load.
+
+Padding mask ``(B, H, W)``, True = padding (``forward(x, mask)``): a patch counts as padding when
+ALL its pixels are padding, so a partly padded patch, which holds image content, stays a token,
+wherever the padding is (``patch_mask``). Padded tokens are hidden from attention (key padding),
+mask-aware encodings count positions over the valid area, and every ``global_pool`` ignores them:
+"avg", "max", "avgmax" (over valid tokens), "token", "map" (attention pooling with the padded keys
+masked); "" returns every token (select with the mask); "prr" cannot take a mask and refuses one
+with padding. An image that is all padding is refused.
+
+Input checks: ``x`` must be a (B, in_chans, H, W) tensor with H and W positive multiples of the
+patch size, the mask (B, H, W) bool; each is a ValueError naming the value. ``check_finite = True``
+(off by default: one pass over the input per call) also refuses NaN or inf pixels, naming the images.
 """
 from __future__ import annotations
 
@@ -32,7 +44,7 @@ from torch.utils.checkpoint import checkpoint
 from vispe import _checks
 from vispe.attention import Attention, PosContext
 from vispe.models._timm_keys import TimmPosEmbedKeys
-from vispe.coords import resize_mask
+from vispe.models._vit_inputs import check_images, masked_pool, patch_mask
 from vispe.registry import build_in, get
 
 #: small ViTs for CIFAR-sized images, by name (timm names work too)
@@ -57,6 +69,9 @@ class VispeBlock(Block):
 
 class VispeViT(TimmPosEmbedKeys, VisionTransformer):
     """timm VisionTransformer with a vispe encoding (see the module docstring)."""
+
+    #: refuse NaN / inf pixels (opt-in: costs one pass over the input per call)
+    check_finite: bool = False
 
     def __init__(self, *, pe: str = "learned_abs", pe_kwargs: dict | None = None, pe_at: str = "input",
                  peg_blocks: tuple[int, ...] = (0,), **timm_kwargs) -> None:
@@ -83,8 +98,12 @@ class VispeViT(TimmPosEmbedKeys, VisionTransformer):
                 raise ValueError(f"patch_drop_rate > 0 drops tokens, which {pe!r} ({family}) needs in place")
         grid = tuple(self.patch_embed.grid_size)
         heads = self.blocks[0].attn.num_heads
-        # no_embed_class (DeiT-3, big_vision): prefix tokens get no additive position
-        prefix = 0 if family == "additive" and self.no_embed_class else self.num_prefix_tokens
+        # additive: prefix tokens get learned position vectors only from an encoding that declares
+        # them (learned_abs, timm's layout), never with no_embed_class (DeiT-3, big_vision); the
+        # others give prefix tokens no position, unless pe_kwargs sets num_prefix_tokens itself
+        prefix = self.num_prefix_tokens
+        if family == "additive" and (self.no_embed_class or not get(pe).learned_prefix):
+            prefix = 0
         context = dict(dim=self.embed_dim, num_heads=heads, head_dim=self.embed_dim // heads, grid=grid,
                        num_prefix_tokens=prefix)
         self.pe = None
@@ -104,18 +123,19 @@ class VispeViT(TimmPosEmbedKeys, VisionTransformer):
         return set(super().no_weight_decay()) | names
 
     # --- the token loop ------------------------------------------------------------------------
+    def check_input(self, x: torch.Tensor, mask: torch.Tensor | None) -> None:
+        """Refuse what the model cannot run on, with a ValueError naming it (module docstring)."""
+        check_images(x, mask, patch_size=tuple(self.patch_embed.patch_size),
+                     in_chans=self.patch_embed.proj.in_channels, check_finite=self.check_finite)
+
     def _tokens(self, x: torch.Tensor, mask: torch.Tensor | None):
         """Patch-embed, add the input encoding and the prefix tokens; return tokens and context."""
+        self.check_input(x, mask)
         B, _, H, W = x.shape
         ps = self.patch_embed.patch_size
-        if H % ps[0] or W % ps[1]:
-            raise ValueError(f"image size (H, W)=({H}, {W}): expected multiples of the patch size {tuple(ps)}")
         h, w = H // ps[0], W // ps[1]
         x = self.patch_embed(x).reshape(B, h * w, -1)  # (B, N, C)
-        grid_mask = None
-        if mask is not None:
-            _checks.mask_for("mask", mask, (H, W))
-            grid_mask = resize_mask(mask, (h, w))  # (B, h, w)
+        grid_mask = None if mask is None else patch_mask(mask, ps)  # (B, h, w)
         prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
         prefix = torch.cat(prefix, dim=1) if prefix else x[:, :0]  # (B, P, C)
         pos = None
@@ -161,11 +181,13 @@ class VispeViT(TimmPosEmbedKeys, VisionTransformer):
         return self.forward_tokens(x, mask)[0]
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """timm's head; with a grid padding mask (B, h, w), average pooling skips padded tokens."""
-        if mask is None or self.global_pool != "avg" or self.attn_pool is not None:
+        """timm's head on tokens (B, P+N, C); with a grid padding mask (B, h, w) the pooling ignores
+        padded tokens ("avg", "max", "avgmax", "map"; "token" and "" need nothing; "prr" refuses)."""
+        pool = self.global_pool
+        if mask is None or pool in ("", "token") or not mask.any():
             return super().forward_head(x, pre_logits=pre_logits)
-        keep = (~mask).flatten(1).to(x.dtype)[..., None]  # (B, N, 1)
-        x = (x[:, self.num_prefix_tokens:] * keep).sum(1) / keep.sum(1).clamp(min=1)  # (B, C)
+        x = masked_pool(x, mask, pool, num_prefix_tokens=self.num_prefix_tokens,
+                        include_prefix=self.pool_include_prefix, attn_pool=self.attn_pool)  # (B, C)
         x = self.head_drop(self.fc_norm(x))
         return x if pre_logits else self.head(x)
 
@@ -181,8 +203,8 @@ class VispeViT(TimmPosEmbedKeys, VisionTransformer):
 
         _checks.choice("output_fmt", output_fmt, ("NCHW", "NLC"))
         take, max_index = feature_take_indices(len(self.blocks), indices)
-        B = x.shape[0]
         x, ctx = self._tokens(x, mask)
+        B = x.shape[0]
         outs = []
         last = max_index if stop_early else len(self.blocks) - 1
         for i in range(last + 1):

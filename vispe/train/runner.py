@@ -195,8 +195,14 @@ def run_encoding(cfg: DictConfig, task, data: Data, sub: Path, *, resume: bool, 
                         bar.update(1)
                     if progress.step % t.log_every == 0 or progress.batch == steps_per_epoch:
                         value = loss.item()
+                        kept = f"the last checkpoint is kept in {path}" if path.exists() else "no checkpoint yet"
+                        bad = float(sums.get(engine.NONFINITE_KEY, 0.0))
+                        if bad:
+                            raise FloatingPointError(
+                                f"[{cfg.model.pe}] {bad:.0f} training batch(es) of epoch {epoch + 1} (up to step "
+                                f"{progress.step}) hold NaN or inf input values: the data (data.name={cfg.data.name!r}, "
+                                f"data.root={cfg.data.root!r}) or its transforms give non-finite pixels; {kept}")
                         if not math.isfinite(value):
-                            kept = f"the last checkpoint is kept in {path}" if path.exists() else "no checkpoint yet"
                             raise FloatingPointError(f"[{cfg.model.pe}] training loss is {value} at step {progress.step} "
                                                      f"(lr {optimizer.param_groups[0]['lr']:.2e}); {kept}")
                         lr = optimizer.param_groups[0]["lr"]
