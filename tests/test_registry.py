@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import vispe
-from vispe.encoding import FAMILIES
+from vispe.encoding import FAMILIES, GRID_KEY
 from conftest import DIM, attend, build_for_test
 
 GRIDS = [(1, 1), (3, 5), (5, 3), (32, 32)]
@@ -63,11 +63,18 @@ def test_all_padding_rows_and_images_give_no_nan(encoding_name):
     assert torch.isfinite(x.grad).all()
 
 
+#: encodings (as built here) whose learned tables are grid-sized: their state_dict records the grid
+GRID_RECORDED = {"learned_abs", "learned_rowcol", "relbias"}
+
+
 def test_state_dict_holds_only_learned_tensors_and_round_trips(encoding_name):
     pe = build_for_test(encoding_name, grid=(4, 4), num_prefix_tokens=1)
     sd = pe.state_dict()
     params = dict(pe.named_parameters())
-    assert set(sd) == set(params), f"fixed tensors in the state_dict: {set(sd) - set(params)}"
+    record = {GRID_KEY} if encoding_name in GRID_RECORDED else set()
+    assert set(sd) == set(params) | record, f"fixed tensors in the state_dict: {set(sd) - set(params)}"
+    if record:
+        assert sd[GRID_KEY].tolist() == list(pe.table_grid())
     torch.manual_seed(123)
     other = build_for_test(encoding_name, grid=(4, 4), num_prefix_tokens=1)
     with torch.no_grad():

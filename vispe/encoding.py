@@ -29,6 +29,15 @@ Grid change: every encoding accepts any ``(h, w)`` at run time (fixed tables rec
 tables resample, relative tables re-index or resize) or raises a ValueError that says why.
 ``resize_(shape)`` makes a learned table's stored size ``shape`` permanently (load time).
 
+Checkpoints know their grid: an encoding whose learned tables are built for a grid says which in
+``table_grid()``, and its state_dict records it under the key ``table_grid`` ((2,) long tensor,
+(h, w); kept in the state_dict's ``_metadata`` instead where a model must keep foreign keys, as
+a ViT's timm ``pos_embed``). Loading a state_dict saved at another grid calls ``load_grid_``,
+which resizes the tables by the encoding's own rule or raises a ValueError naming both grids,
+never reads a table with another grid's axes because the sizes match (8x12 vs 12x8). A state_dict
+without a record (older, or timm's) gets the grid from ``infer_grid`` (the table shapes where they
+tell it; else the encoding's own grid when the size matches, or a square grid, as timm assumes).
+
 Numerics: tables and angles are computed in float32 on the target device, even under autocast,
 and cast to ``dtype`` at the end. Tables that do not learn live in a cache keyed by
 (h, w, device, dtype), never in the state_dict.
@@ -42,6 +51,8 @@ import torch
 from torch import nn
 
 FAMILIES = ("additive", "rotary", "bias", "conditional", "none")
+#: state_dict key (and ``_metadata`` entry) of the grid an encoding's learned tables are built for
+GRID_KEY = "table_grid"
 
 
 class PositionEncoding(nn.Module):
@@ -93,6 +104,40 @@ class PositionEncoding(nn.Module):
     def resize_(self, shape: tuple[int, int]) -> "PositionEncoding":
         """Make stored tables fit grid ``shape``; fixed encodings have nothing to do."""
         return self
+
+    # --- checkpoints that know their grid (module docstring) -----------------------------------
+    def table_grid(self) -> tuple[int, int] | None:
+        """The (h, w) grid the learned tables are built for; None when none depends on a grid."""
+        return None
+
+    def infer_grid(self, state_dict: dict, prefix: str) -> tuple[int, int] | None:
+        """The grid of a state_dict that has no record (None: its tables are absent)."""
+        return self.table_grid()
+
+    def load_grid_(self, state_dict: dict, prefix: str, saved: tuple[int, int]) -> None:
+        """Bring the tables of ``state_dict`` (keys ``prefix + name``), saved for grid ``saved``, to
+        ``table_grid()`` in place, by the encoding's own rule; this default refuses."""
+        raise ValueError(f"{prefix or 'state_dict'}: the learned tables were saved for grid {saved}, this "
+                         f"{type(self).__name__} is built for grid {self.table_grid()} and cannot resize them")
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        grid = self.table_grid()
+        if grid is not None:
+            destination[prefix + GRID_KEY] = torch.tensor(grid, dtype=torch.long)  # (2,) as (h, w)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        grid = self.table_grid()
+        if grid is not None:
+            record = state_dict.pop(prefix + GRID_KEY, None)  # load_state_dict works on its own copy
+            if record is None:
+                record = local_metadata.get(GRID_KEY)
+            saved = self.infer_grid(state_dict, prefix) if record is None else tuple(int(v) for v in record)
+            if saved is not None and saved != tuple(grid):
+                self.load_grid_(state_dict, prefix, saved)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
 
     def extra_repr(self) -> str:
         return f"family={self.family}"

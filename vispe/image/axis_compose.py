@@ -13,7 +13,8 @@ Registered encodings:
 
 * ``"axis2d"``: the generic composition, ``axis="sinusoidal"`` (Vaswani's sinusoids,
   ``vispe.axis.sinusoidal``) or ``axis="learned"`` (one ``vispe.axis.learned.LearnedTable1d`` per
-  axis, built for ``grid`` and resampled by target size on another grid).
+  axis, built for ``grid`` and resampled by target size on another grid; a state_dict saved at
+  another grid is resampled on load, ``vispe.encoding``).
 * ``"sincos2d"``: MAE / big_vision's 2D sin-cos, ``axis2d(axis="sinusoidal", compose="concat")``
   with layout "concat" (sin block, cos block per axis) and integer positions. MAE and big_vision put
   the x code first; vispe puts y first (``axis_order="xy"`` gives their order). Frequencies are MAE's
@@ -34,7 +35,7 @@ from torch import nn
 from vispe import _checks
 from vispe.axis.learned import LearnedTable1d
 from vispe.axis.sinusoidal import LAYOUTS, sinusoidal
-from vispe.image._additive import COORD_MODES, AdditiveBase, axis_positions, float32_math
+from vispe.image._additive import COORD_MODES, AdditiveBase, axis_positions, fit_axis_tables, float32_math
 from vispe.registry import register
 
 AXES = ("sinusoidal", "learned")
@@ -152,6 +153,16 @@ class Axis2dEncoding(AdditiveBase):
                     table.resize_(n)
         self._cache.clear()
         return self
+
+    def table_grid(self):  # learned axis: the lengths of its tables (None for a fixed axis)
+        return None if self.row is None else (self.row.length, self.col.length)
+
+    def infer_grid(self, state_dict, prefix):
+        r, c = state_dict.get(prefix + "row.weight"), state_dict.get(prefix + "col.weight")
+        return None if r is None or c is None else (r.shape[0], c.shape[0])
+
+    def load_grid_(self, state_dict, prefix, saved) -> None:  # resampled, as forward does at run time
+        fit_axis_tables(state_dict, prefix, saved, {"row.weight": self.row, "col.weight": self.col}, keep_first=False)
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, axis={self.axis!r}, compose={self.compose!r}, axis_order={self.axis_order!r}, "

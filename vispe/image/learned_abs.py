@@ -13,10 +13,15 @@ an axis (``antialias``; torch's antialiased bicubic uses another kernel, so it i
 only growing). The same size returns the table itself (exact identity). ``overflow="error"``
 refuses a grid larger than ``grid`` along an axis with a ValueError. At run time the resampled table is
 recomputed every call (it learns); ``resize_((h, w))`` rewrites the parameter at load time.
+A state_dict saved at another grid is resampled the same way on load (its grid is recorded,
+``vispe.encoding``; timm's checkpoints have no record: the grid is this one when the token count
+matches, else a square, as timm assumes).
 
 Padding mask: not mask-aware (the table is indexed by grid cell). Output ``(B|1, h*w, dim)``.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 from timm.layers import resample_abs_pos_embed
@@ -96,6 +101,37 @@ class LearnedAbsEncoding(AdditiveBase):
         self.grid = shape
         self._cache.clear()
         return self
+
+    def table_grid(self):
+        return self.grid
+
+    def infer_grid(self, state_dict, prefix):
+        """No record (timm's checkpoints): this grid when the size matches, else a square (timm)."""
+        table = state_dict.get(prefix + "pos_embed")
+        if table is None:
+            return None
+        n = table.shape[1]
+        side = math.isqrt(n)
+        if n == self.grid[0] * self.grid[1] or side * side != n:
+            if n != self.grid[0] * self.grid[1]:
+                raise ValueError(f"{prefix}pos_embed has {n} grid positions and no grid record, neither this "
+                                 f"encoding's grid {self.grid} nor a square: load it with "
+                                 "load_pos_embed(pos_embed, grid=(h, w)) naming its grid")
+            return self.grid
+        return side, side
+
+    def load_grid_(self, state_dict, prefix, saved) -> None:
+        """Resample a table saved for grid ``saved`` to this grid (``overflow="error"``: only shrink)."""
+        table = state_dict.get(prefix + "pos_embed")
+        if table is None:
+            return
+        if table.shape[1] != saved[0] * saved[1]:
+            raise ValueError(f"{prefix}table_grid says grid {saved}, but {prefix}pos_embed has {table.shape[1]} rows")
+        if self.overflow == "error" and (saved[0] < self.grid[0] or saved[1] < self.grid[1]):
+            raise ValueError(f"{prefix}pos_embed was saved for grid {saved}, smaller than this encoding's grid "
+                             f"{self.grid} and overflow='error': build it with grid={saved}, or use overflow='interpolate'")
+        state_dict[prefix + "pos_embed"] = resample_grid_table(table, saved, self.grid, interpolation=self.interpolation,
+                                                               antialias=self.antialias)
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, grid={self.grid}, num_prefix_tokens={self.num_prefix_tokens}, "

@@ -12,7 +12,9 @@ hits a device-side assert (detr#76); here ``overflow="interpolate"`` resamples t
 to the needed length by target size (``vispe.axis.learned.resize_table_1d``, ``resize_mode``), and
 ``overflow="error"`` raises a ValueError. ``resize_((h, w))`` does at load time what ``forward``
 does at run time: a table shorter than the grid is resampled to it (``max_size`` grows), a longer
-one is kept, so the code at (h, w) does not change (rebuild optimizers after it).
+one is kept, so the code at (h, w) does not change (rebuild optimizers after it). Loading a
+state_dict of another ``max_size`` (``vispe.encoding``): a longer table keeps its first rows, a
+shorter one is resampled (``overflow="interpolate"``) or refused (``"error"``).
 
 Padding mask: not mask-aware (positions are grid indices), but with DETR's bottom/right padding
 the indices on an image's valid area do not depend on the padding. Output ``(B|1, h*w, dim)``.
@@ -24,7 +26,7 @@ from torch import nn
 
 from vispe import _checks
 from vispe.axis.learned import LearnedTable1d
-from vispe.image._additive import AdditiveBase, float32_math
+from vispe.image._additive import AdditiveBase, fit_axis_tables, float32_math
 from vispe.registry import register
 
 INITS = ("uniform", "trunc_normal")
@@ -82,6 +84,16 @@ class LearnedRowColEncoding(AdditiveBase):
                 table.resize_(n)
         self._cache.clear()
         return self
+
+    def table_grid(self):
+        return self.max_size
+
+    def infer_grid(self, state_dict, prefix):
+        r, c = state_dict.get(prefix + "row.weight"), state_dict.get(prefix + "col.weight")
+        return None if r is None or c is None else (r.shape[0], c.shape[0])
+
+    def load_grid_(self, state_dict, prefix, saved) -> None:  # first rows, or resampled past them
+        fit_axis_tables(state_dict, prefix, saved, {"row.weight": self.row, "col.weight": self.col}, keep_first=True)
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, max_size={self.max_size}, overflow={self.row.overflow!r}, "
