@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 
 import pytest
-from omegaconf import OmegaConf
 
 from vispe.train import config as C
 from vispe.train.schedule import LRPlan

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 import vispe
-from vispe.attention import PosContext
 from vispe.models.vit import create_vit
 
 P = 3  # class + 2 registers

@@ -11,7 +11,9 @@ Where each family goes (one rule per family, tested):
 
 * additive: one module ``model.pe``; added to the patch tokens at the input (``pe_at="input"``,
   ViT) or to q and k in every layer (``pe_at="every_block"``, DETR). Prefix (class, register)
-  tokens get the encoding's own learned prefix vectors if it has them (``learned_abs``), else none.
+  tokens get learned prefix vectors from an encoding that declares them (``learned_prefix``:
+  ``learned_abs``), none with ``no_embed_class``; any other additive encoding gives them no
+  position unless ``pe_kwargs={"num_prefix_tokens": P}`` asks for its own learned vectors.
 * rotary: one encoding per layer (``blocks[i].attn.pe``); prefix tokens stay unrotated.
 * bias: one encoding per layer; prefix rows/columns are the encoding's learned scalars.
 * conditional (PEG): ``model.pe`` applied to the grid tokens after the blocks in ``peg_blocks``
