@@ -89,4 +89,4 @@ class LRPlan:
 
 def build_scheduler(optimizer: torch.optim.Optimizer, plan: LRPlan) -> torch.optim.lr_scheduler.LambdaLR:
     """A LambdaLR reading ``plan`` at every step (a re-plan after loading takes effect at once)."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, plan.factor)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: plan.factor(t))  # a function: not in its state
