@@ -50,6 +50,8 @@ from typing import Callable, ClassVar
 import torch
 from torch import nn
 
+from vispe import _tracing
+
 FAMILIES = ("additive", "rotary", "bias", "conditional", "none")
 #: state_dict key (and ``_metadata`` entry) of the grid an encoding's learned tables are built for
 GRID_KEY = "table_grid"
@@ -62,6 +64,8 @@ class PositionEncoding(nn.Module):
     registry_name: ClassVar[str] = ""
     #: whether positions are counted over each image's valid (unpadded) area when a mask is given
     mask_aware: ClassVar[bool] = False
+    #: the setting that makes an instance mask-aware when the class is not always (e.g. "mask_aware=True")
+    mask_aware_option: ClassVar[str] = ""
 
     def __init__(self) -> None:
         super().__init__()
@@ -70,9 +74,10 @@ class PositionEncoding(nn.Module):
     def cached(self, key: tuple, fn: Callable[[], torch.Tensor], max_items: int = 16) -> torch.Tensor:
         """Memoise a table that does not learn, keyed by ``key`` (include h, w, device, dtype).
 
-        Only for tables that do not learn: a learned table must be recomputed every step.
+        Only for tables that do not learn: a learned table must be recomputed every step. Not
+        used while torch.compile / torch.export record (sizes may be symbolic, see ``vispe._tracing``).
         """
-        if torch.compiler.is_compiling():
+        if _tracing.is_tracing():
             return fn()
         if key in self._cache:
             self._cache.move_to_end(key)

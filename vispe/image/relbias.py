@@ -23,10 +23,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from vispe import _checks
+from vispe import _checks, _tracing
 from vispe.coords import grid_coords
 from vispe.image._bias import BiasBase
 from vispe.registry import register
@@ -45,16 +44,17 @@ def resize_relative_table(table: torch.Tensor, src: tuple[int, int], dst: tuple[
                           mode: str = "bicubic") -> torch.Tensor:
     """Resample a ((2h-1)(2w-1), C) table of window ``src`` to window ``dst``, by target size.
 
-    Float32 math, returns the table's dtype; ``src == dst`` returns ``table`` itself.
+    Float32 math, returns the table's dtype; ``src == dst`` returns ``table`` itself. ``dst`` may
+    be symbolic (torch.export): ``vispe._tracing.resize`` records no branch on it.
     """
     _checks.choice("resize_mode", mode, RESIZE_MODES)
     (sh, sw), (dh, dw) = src, dst
-    if (sh, sw) == (dh, dw):
+    if _tracing.known(sh == dh) and _tracing.known(sw == dw):
         return table
     C = table.shape[-1]
     img = table.float().t().reshape(1, C, 2 * sh - 1, 2 * sw - 1)  # (1, C, 2h-1, 2w-1)
-    out = F.interpolate(img, size=(2 * dh - 1, 2 * dw - 1), mode=mode, align_corners=False,
-                        antialias=dh < sh or dw < sw)  # (1, C, 2h'-1, 2w'-1)
+    out = _tracing.resize(img, (2 * dh - 1, 2 * dw - 1), mode=mode, antialias="shrink",
+                          align_corners=False)  # (1, C, 2h'-1, 2w'-1)
     return out.reshape(C, -1).t().to(table.dtype)  # ((2h'-1)(2w'-1), C)
 
 
