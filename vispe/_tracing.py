@@ -55,6 +55,13 @@ def refuse_jit_trace(what: str = "this encoding") -> None:
             "vispe.export.export_onnx (dynamic batch, height and width) instead; TorchScript is not supported.")
 
 
+def refuse_script(what: str) -> None:
+    """``__prepare_scriptable__`` of vispe modules: TorchScript is not supported, say so clearly."""
+    raise NotImplementedError(
+        f"torch.jit.script of {what}: TorchScript is not supported (vispe computes positions from the "
+        "grid size in Python). Use torch.export or vispe.export.export_onnx (dynamic batch, height and width).")
+
+
 def _scalar(n) -> torch.Tensor:
     return torch.scalar_tensor(n, dtype=torch.long)
 

@@ -106,6 +106,9 @@ class PositionEncoding(nn.Module):
         p = next(self.parameters(), None)
         return p.device if p is not None else torch.device("cpu")
 
+    def __prepare_scriptable__(self):  # torch.jit.script: a clear error (vispe._tracing)
+        _tracing.refuse_script(f"the {self.registry_name or type(self).__name__} encoding")
+
     def resize_(self, shape: tuple[int, int]) -> "PositionEncoding":
         """Make stored tables fit grid ``shape``; fixed encodings have nothing to do."""
         return self

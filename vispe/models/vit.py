@@ -43,7 +43,7 @@ from timm.models.vision_transformer import Block, VisionTransformer
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from vispe import _checks
+from vispe import _checks, _tracing
 from vispe.attention import Attention, PosContext
 from vispe.models._timm_keys import TimmPosEmbedKeys
 from vispe.models._vit_inputs import check_images, masked_pool, patch_mask
@@ -83,6 +83,9 @@ class VispeViT(TimmPosEmbedKeys, VisionTransformer):
         timm_kwargs.update(pos_embed="none", dynamic_img_size=True, attn_layer=Attention, block_fn=VispeBlock)
         super().__init__(**timm_kwargs)
         self.setup_pe(pe, pe_kwargs or {}, pe_at=pe_at, peg_blocks=peg_blocks)
+
+    def __prepare_scriptable__(self):  # torch.jit.script: a clear error, not a TorchScript type error
+        _tracing.refuse_script("a vispe ViT")
 
     # --- encoding set-up -------------------------------------------------------------------
     def setup_pe(self, pe: str, pe_kwargs: dict, *, pe_at: str = "input", peg_blocks=(0,)) -> None:
