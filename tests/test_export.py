@@ -1,10 +1,11 @@
 """Export of a vispe ViT with every registered encoding: torch.export and ONNX (dynamo) with dynamic
 batch, height and width, run in onnxruntime at the export size and at another non-square size.
 
-One export per encoding (the slow part, a few seconds each on CPU); the exported program and the
-ONNX model are then each run at three sizes: the export size (4 x 5 patches), one where the grid
-grows along y and shrinks along x (6 x 2) and one smaller than the built grid (2 x 3), against the
-eager model. onnx, onnxruntime and onnxscript are in the test extra: these tests are not skipped.
+One export per encoding (the slow part, a few seconds each on CPU), at the model's own non-square
+grid (4 x 5 patches: where a learned table is used unchanged, so a same-size shortcut recorded as a
+branch would show); the exported program and the ONNX model are then each run at three sizes: the
+export size, one where the grid grows along y and shrinks along x (6 x 2) and one smaller than the
+built grid (2 x 3), against the eager model. onnx, onnxruntime and onnxscript are in the test extra: these tests are not skipped.
 """
 import logging
 import warnings
@@ -16,7 +17,7 @@ import vispe
 from vispe.export import dynamic_shapes, example_input, export, export_onnx, onnx_session, run_onnx
 from vispe.models.vit import create_vit
 
-# the built grid is 4 x 4; the example input of export_onnx is 4 x 5 patches
+# the built grid and the export size: 4 x 5 patches
 SIZES = [(16, 20), (24, 8), (8, 12)]
 # settings that take another export path than an encoding's defaults
 VARIANTS = {
@@ -28,8 +29,9 @@ VARIANTS = {
 
 def tiny(pe, **pe_kwargs):
     torch.manual_seed(0)
-    m = create_vit("vit_pico", pe=pe, pe_kwargs=pe_kwargs, embed_dim=16, depth=1, num_heads=2, img_size=16,
-                   patch_size=4, num_classes=3, class_token=True)
+    m = create_vit("vit_pico", pe=pe, pe_kwargs=pe_kwargs, embed_dim=16, depth=1, num_heads=2, img_size=(16, 20),
+                   patch_size=4, num_classes=3, class_token=True, global_pool="avg")  # avg: with depth 1 a
+    # class-token readout would see a bias encoding only through its prefix scalars
     with torch.no_grad():  # move every learned table off its initial values (so a wrong resample shows)
         for name, p in m.named_parameters():
             if name.startswith("pe.") or ".attn.pe." in name:

@@ -40,13 +40,13 @@ def _patch_size(model) -> tuple[int, int]:
 def example_input(model, batch: int = 2, grid=None) -> torch.Tensor:
     """A random image batch ``(batch, C, p_h * h, p_w * w)`` on the model's device.
 
-    ``grid`` (h, w) defaults to the model's own grid with one more column (a non-square grid that
-    differs from the built one, so nothing can be specialised to either).
+    ``grid`` (h, w) defaults to the model's own grid (the size where learned tables are used as
+    they are: exporting there is what would bake an "unchanged table" branch into the graph if the
+    code had one, so the tests export there).
     """
     ph, pw = _patch_size(model)
     if grid is None:
-        gh, gw = tuple(model.patch_embed.grid_size)
-        grid = (gh, gw + 1)
+        grid = tuple(model.patch_embed.grid_size)
     h, w = _checks.grid_shape("grid", grid)
     _checks.positive_int("batch", batch)
     if batch < 2:

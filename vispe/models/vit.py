@@ -141,7 +141,7 @@ class VispeViT(TimmPosEmbedKeys, VisionTransformer):
         h, w = H // ps[0], W // ps[1]
         x = self.patch_embed(x).reshape(B, h * w, -1)  # (B, N, C)
         grid_mask = None if mask is None else patch_mask(mask, ps)  # (B, h, w)
-        prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+        prefix = [t.expand(B, -1, -1) for t in self._prefix_params() if t is not None]
         prefix = torch.cat(prefix, dim=1) if prefix else x[:, :0]  # (B, P, C)
         pos = None
         if self.pe_family == "additive":
@@ -158,6 +158,10 @@ class VispeViT(TimmPosEmbedKeys, VisionTransformer):
         x = torch.cat([prefix, x], dim=1)  # (B, P+N, C)
         x = self.norm_pre(self.patch_drop(self.pos_drop(x)))
         return x, PosContext((h, w), self.num_prefix_tokens, grid_mask, pos)
+
+    def _prefix_params(self):
+        """The prefix token parameters, in sequence order (DeiT's distilled ViT adds its own)."""
+        return (self.cls_token, self.reg_token)
 
     def _run_block(self, i: int, x: torch.Tensor, ctx: PosContext) -> torch.Tensor:
         blk = self.blocks[i]
@@ -228,71 +232,88 @@ class VispeViT(TimmPosEmbedKeys, VisionTransformer):
         return self.norm(x), outs
 
 
-def create_vit(name: str = "vit_cifar", *, pe: str = "learned_abs", img_size=32, patch_size: int = 4,
-               num_classes: int = 10, in_chans: int = 3, pe_kwargs: dict | None = None, pe_at: str = "input",
-               peg_blocks: tuple[int, ...] = (0,), **timm_kwargs) -> VispeViT:
-    """A ViT with encoding ``pe``: ``name`` is a vispe preset (``PRESETS``) or a timm ViT name.
+def create_vit(name: str = "vit_cifar", *, pe: str | None = None, img_size=None, patch_size: int | None = None,
+               num_classes: int | None = None, in_chans: int = 3, pe_kwargs: dict | None = None, pe_at: str = "input",
+               peg_blocks: tuple[int, ...] = (0,), pretrained: bool = False, checkpoint=None,
+               keep_abs_pos: bool | None = None, **timm_kwargs) -> VispeViT:
+    """A ViT with encoding ``pe``: ``name`` is a vispe preset (``PRESETS``) or a timm model name.
 
+    Presets: ``pe`` defaults to "learned_abs", ``img_size`` 32, ``patch_size`` 4, ``num_classes`` 10.
+    A timm name (VisionTransformer, DeiT's distilled ViT, the Eva family) is built by timm with
+    its own defaults for what is not given, then converted (``convert_vit``; ``pe=None`` keeps the
+    model's own encoding). ``pretrained=True`` loads timm's pretrained weights (timm's source: the
+    local Hugging Face cache, downloading when missing unless ``HF_HUB_OFFLINE=1``), or the file
+    ``checkpoint`` (a timm state_dict); everything but the position encoding is kept when ``pe``
+    differs from the checkpoint's (vispe.models.timm_models.create_from_timm).
     ``timm_kwargs`` (embed_dim, depth, num_heads, class_token, reg_tokens, global_pool, ...)
-    override the preset and go to timm's ``VisionTransformer``.
+    override the preset and go to timm.
     """
+    if name not in PRESETS:
+        from vispe.models.timm_models import create_from_timm
+
+        return create_from_timm(name, pe=pe, img_size=img_size, patch_size=patch_size, num_classes=num_classes,
+                                in_chans=in_chans, pe_kwargs=pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks,
+                                pretrained=pretrained, checkpoint=checkpoint, keep_abs_pos=keep_abs_pos,
+                                **timm_kwargs)
+    if pretrained or checkpoint is not None or keep_abs_pos is not None:
+        raise ValueError(f"name={name!r} is a vispe preset: pretrained, checkpoint and keep_abs_pos apply to timm "
+                         "names (load a preset's own checkpoint with model.load_state_dict)")
+    img_size = 32 if img_size is None else img_size
+    patch_size = 4 if patch_size is None else patch_size
     h, w = _checks.grid_shape("img_size", img_size)
     _checks.positive_int("patch_size", patch_size)
     if h % patch_size or w % patch_size:
         raise ValueError(f"img_size={img_size!r}: expected multiples of patch_size={patch_size}")
-    if name in PRESETS:
-        args = dict(PRESETS[name])
-    else:
-        args = _timm_args(name)
-    args.update(img_size=(h, w), patch_size=patch_size, num_classes=num_classes, in_chans=in_chans)
+    args = dict(PRESETS[name])
+    args.update(img_size=(h, w), patch_size=patch_size, num_classes=10 if num_classes is None else num_classes,
+                in_chans=in_chans)
     args.update(timm_kwargs)
     dim, heads = args.get("embed_dim", 768), args.get("num_heads", 12)
     if dim % heads:
         raise ValueError(f"embed_dim={dim}: expected a multiple of num_heads={heads}")
-    return VispeViT(pe=pe, pe_kwargs=pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks, **args)
+    return VispeViT(pe=pe or "learned_abs", pe_kwargs=pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks, **args)
 
 
-def _timm_args(name: str) -> dict:
-    """The VisionTransformer arguments of a registered timm ViT (read off its entry point)."""
-    import timm
+def convert_vit(model: VisionTransformer, pe: str | None = None, *, pe_kwargs: dict | None = None,
+                pe_at: str = "input", peg_blocks: tuple[int, ...] = (0,), keep_abs_pos: bool | None = None):
+    """Give an existing timm model a vispe encoding, in place (weights and state_dict keys kept).
 
-    if not timm.is_model(name) or not name.startswith(("vit_", "deit", "eva", "beit")):
-        raise ValueError(f"name={name!r}: expected a vispe preset ({', '.join(PRESETS)}) or a timm ViT name")
-    with torch.device("meta"):
-        ref = timm.create_model(name, pretrained=False)
-    if type(ref) is not VisionTransformer:
-        raise ValueError(f"name={name!r} builds a {type(ref).__name__}: expected a timm VisionTransformer")
-    blk = ref.blocks[0]
-    return dict(embed_dim=ref.embed_dim, depth=len(ref.blocks), num_heads=blk.attn.num_heads,
-                mlp_ratio=blk.mlp.fc1.out_features / ref.embed_dim, qkv_bias=blk.attn.qkv.bias is not None,
-                class_token=ref.cls_token is not None, reg_tokens=ref.num_reg_tokens,
-                no_embed_class=ref.no_embed_class, global_pool=ref.global_pool,
-                fc_norm=not isinstance(ref.fc_norm, nn.Identity) if ref.global_pool == "avg" else None)
-
-
-def convert_vit(model: VisionTransformer, pe: str = "learned_abs", *, pe_kwargs: dict | None = None,
-                pe_at: str = "input", peg_blocks: tuple[int, ...] = (0,)) -> VispeViT:
-    """Give an existing timm ``VisionTransformer`` a vispe encoding, in place (weights kept).
-
-    Its blocks and attention layers become vispe's subclasses (no new weights), the image size
-    becomes dynamic, and its ``pos_embed`` becomes the ``learned_abs`` table if ``pe="learned_abs"``
-    (dropped otherwise). Only plain timm ViTs (``Block`` + ``Attention``) are accepted.
+    A ``VisionTransformer`` (or DeiT's ``VisionTransformerDistilled``): its blocks and attention
+    layers become vispe's subclasses (no new weights), the image size becomes dynamic, and its
+    ``pos_embed`` becomes the ``learned_abs`` table if ``pe="learned_abs"`` (dropped otherwise);
+    ``pe=None`` keeps its own (``learned_abs``, or ``none`` without a table). Only plain timm blocks
+    (``Block`` + ``Attention``) are accepted. An ``Eva`` goes to ``vispe.models.eva.convert_eva``
+    (``keep_abs_pos`` applies there); NaFlexVit and other models are refused with the reason.
     """
     from timm.layers import Attention as TimmAttention
 
-    if type(model) is not VisionTransformer:
-        raise ValueError(f"model is a {type(model).__name__}: expected a timm VisionTransformer")
+    from vispe.models.timm_models import timm_kind
+
+    kind = timm_kind(model)  # "vit", "distilled" or "eva"; anything else is refused
+    if kind == "eva":
+        from vispe.models.eva import convert_eva
+
+        return convert_eva(model, pe, pe_kwargs=pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks,
+                           keep_abs_pos=keep_abs_pos)
+    if keep_abs_pos is not None:
+        raise ValueError(f"keep_abs_pos={keep_abs_pos!r}: applies to Eva models (a ViT has one position encoding)")
     for i, blk in enumerate(model.blocks):
         if type(blk) is not Block or type(blk.attn) is not TimmAttention or blk.attn.gate is not None:
             raise ValueError(f"model.blocks[{i}] is a {type(blk).__name__} with {type(blk.attn).__name__}: "
                              "expected timm's Block with its plain (ungated) Attention")
     old_pos = model.pos_embed
     old_grid = tuple(model.patch_embed.grid_size)
+    pe = pe or ("learned_abs" if old_pos is not None else "none")
     for blk in model.blocks:
         blk.__class__ = VispeBlock
         blk.attn.__class__ = Attention
         blk.attn.pe = None
-    model.__class__ = VispeViT
+    if kind == "distilled":
+        from vispe.models.deit import VispeViTDistilled
+
+        model.__class__ = VispeViTDistilled
+    else:
+        model.__class__ = VispeViT
     model.pos_embed = None
     model.dynamic_img_size = True
     model.patch_embed.strict_img_size = False
