@@ -77,6 +77,20 @@ def test_learned_rowcol_inits():
     assert abs(nor.std() - 1) < 0.02 and nor.min() < 0
 
 
+def test_sine_matches_transformers_module_with_padding():
+    from transformers.models.detr.modeling_detr import DetrSinePositionEmbedding
+
+    ref = DetrSinePositionEmbedding(num_position_features=8, normalize=True)
+    pad = torch.zeros(2, 5, 7, dtype=torch.bool)
+    pad[0, 3:] = True  # image 0 is 3 x 5, padded at the bottom and right (DETR's batches)
+    pad[0, :, 5:] = True
+    want = ref((2, 16, 5, 7), "cpu", torch.float32, mask=(~pad).long())  # transformers: 1 = valid pixel
+    got = vispe.build("sine", dim=16)((5, 7), pad)  # (B, h*w, 16)
+    torch.testing.assert_close(got.transpose(1, 2).reshape(2, 16, 5, 7)[0, :, :3, :5], want[0, :, :3, :5],
+                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(got.transpose(1, 2).reshape(2, 16, 5, 7)[1], want[1], atol=1e-5, rtol=0)
+
+
 # ---------------------------------------------------------------- MAE and big_vision sin-cos
 def mae_2d_ref(h, w, dim):
     """MAE's get_2d_sincos_pos_embed (numpy, as in util/pos_embed.py), for an (h, w) grid."""
