@@ -25,12 +25,8 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 def is_tracing() -> bool:
     """True while torch.compile, torch.export (incl. the dynamo ONNX exporter) or jit.trace records."""
-    return torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing()
-
-
-def is_symbolic(*sizes) -> bool:
-    """Whether any of ``sizes`` is a ``torch.SymInt`` (a dynamic size being recorded)."""
-    return any(isinstance(s, torch.SymInt) for s in sizes)
+    exporting = getattr(torch.compiler, "is_exporting", lambda: False)  # torch >= 2.7
+    return torch.compiler.is_compiling() or exporting() or torch.jit.is_tracing()
 
 
 def known(cond) -> bool:
