@@ -3,7 +3,6 @@ DETR / transformers learned row-column, MAE and big_vision sin-cos, timm's resam
 timm RoPE (axial, EVA-02's reference grid, mixed), and what ``python -m vispe`` says of masks.
 (DeBERTa's p2c conventions: tests/test_axis_relative.py.)"""
 import inspect
-import math
 import re
 from pathlib import Path
 

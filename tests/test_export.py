@@ -21,7 +21,7 @@ from vispe.models.vit import create_vit
 SIZES = [(16, 20), (24, 8), (8, 12)]
 # settings that take another export path than an encoding's defaults
 VARIANTS = {
-    "learned_abs": dict(antialias="always"),
+    "axis2d": dict(axis="learned"),  # 1D tables resampled to each axis's length (grow or shrink)
     "learned_rowcol": dict(max_size=(5, 5), axis_order="xy"),  # past max_size along y at 24 x 8
     "rope_axial": dict(axis_order="xy", layout="interleaved", ref_grid=(4, 4)),
 }
