@@ -122,7 +122,11 @@ class VispeEva(TimmPosEmbedKeys, Eva):
             raise ValueError(f"patch_drop_rate > 0 drops tokens, which {pe!r} ({family}) needs in place")
         attn = self.blocks[0].attn
         heads, head_dim = attn.num_heads, attn.head_dim
-        prefix = 0 if family == "additive" and self.no_embed_class else self.num_prefix_tokens
+        # additive: prefix tokens get learned vectors only from an encoding that declares them
+        # (learned_abs) and not with no_embed_class, the rule of VispeViT.setup_pe
+        prefix = self.num_prefix_tokens
+        if family == "additive" and (self.no_embed_class or not get(pe).learned_prefix):
+            prefix = 0
         context = dict(dim=self.embed_dim, num_heads=heads, head_dim=head_dim,
                        grid=tuple(self.patch_embed.grid_size), num_prefix_tokens=prefix)
         if family == "rotary":
