@@ -56,5 +56,10 @@ class RopeAxial(RotaryBase):
         key = ("rope_axial", shape[0], shape[1], device, torch.float32)
         return self.cached(key, lambda: super(RopeAxial, self).grid_angles(shape, None, device))
 
+    def fixed_key(self) -> tuple | None:
+        if self._augmenting():
+            return None
+        return ("rope_axial", self.head_dim, self.base, self.coords, self.scale)
+
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, base={self.base:g}"

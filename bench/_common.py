@@ -1,0 +1,64 @@
+"""Shared helpers of the bench scripts: interleaved timing, medians of ratios, machine line."""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+
+import torch
+
+
+def machine() -> str:
+    """CPU model (or GPU name), cores, torch threads, torch version, load average."""
+    if torch.cuda.is_available():
+        where = torch.cuda.get_device_name()
+    else:
+        where = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo") as f:
+                where = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), where)
+        except OSError:
+            pass
+        where = f"{where}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+    return f"{where}; torch {torch.__version__}; load average {load()}"
+
+
+def load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def timed(fn, iters: int = 1, sync=None) -> float:
+    """Seconds per call of ``fn`` (``iters`` calls)."""
+    if sync:
+        sync()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    if sync:
+        sync()
+    return (time.perf_counter() - t0) / iters
+
+
+def interleaved(fns: dict, rounds: int, iters: int = 1, warmup: int = 1, sync=None) -> dict:
+    """{name: [seconds per round]}: every function once per round, round after round (A, B, A, B...)."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {n: [] for n in fns}
+    for _ in range(rounds):
+        for n, fn in fns.items():
+            times[n].append(timed(fn, iters, sync))
+    return times
+
+
+def ratio(times: dict, name: str, base: str) -> float:
+    """Median over rounds of ``name``'s time divided by ``base``'s time in the same round."""
+    return statistics.median(a / b for a, b in zip(times[name], times[base]))
+
+
+def ms(times: dict, name: str) -> float:
+    return 1e3 * statistics.median(times[name])
