@@ -1,4 +1,9 @@
-"""Shared helpers of the bench scripts: interleaved timing, medians of ratios, machine line."""
+"""Shared helpers of the bench scripts: interleaved timing, medians of ratios, machine line.
+
+Imported before torch by every script: OpenMP threads then sleep at barriers instead of spinning
+(``OMP_WAIT_POLICY=PASSIVE``, as ``train.py``), so that other jobs on a shared machine do not
+stall the timed code several-fold (``bench/threads.py``). An explicit setting wins.
+"""
 from __future__ import annotations
 
 import os
@@ -6,7 +11,10 @@ import platform
 import statistics
 import time
 
-import torch
+if "torch" not in __import__("sys").modules:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 
 def machine() -> str:

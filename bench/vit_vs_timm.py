@@ -19,11 +19,10 @@ import argparse
 import os
 import sys
 
-import torch
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # this checkout's vispe, then bench/_common
 from _common import interleaved, machine, ms, ratio  # noqa: E402
+import torch  # noqa: E402
 
 from vispe.models.vit import create_vit  # noqa: E402
 

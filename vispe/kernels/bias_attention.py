@@ -34,7 +34,7 @@ from torch.profiler import record_function
 from vispe import _checks
 
 BIAS_IMPLS = ("auto", "reference", "chunked", "flex")
-CHUNK_BYTES = 4 * 2**20  # float32 scores per block in the chunked backward
+CHUNK_BYTES = 8 * 2**20  # float32 scores per block in the chunked backward (bench/bias_attention.py)
 
 
 def pick_impl(impl: str, q: torch.Tensor, bias: torch.Tensor | None, *, dropout_p: float = 0.0,
