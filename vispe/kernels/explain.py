@@ -16,7 +16,7 @@ named after its module path; the kernel is the aten operator torch dispatched to
 ``vispe::flex_attention``                             flex
 ==================================================  ==========
 
-With ``backward=True`` the sum of the outputs is back-propagated and each layer's backward is
+With ``backward=True`` the sum of the outputs (every tensor in them) is back-propagated and each layer's backward is
 found through the autograd sequence number that links a forward operator to its backward node.
 """
 from __future__ import annotations
@@ -56,6 +56,18 @@ def _kernel(name: str) -> str | None:
     return next((k for prefix, k in KERNELS if name.startswith(prefix)), None)
 
 
+def _tensors(out):
+    """Every tensor in a model's output (a tensor, or dicts / lists / tuples of them)."""
+    if isinstance(out, torch.Tensor):
+        yield out
+    elif isinstance(out, dict):
+        for v in out.values():
+            yield from _tensors(v)
+    elif isinstance(out, (list, tuple)):
+        for v in out:
+            yield from _tensors(v)
+
+
 def _descendants(ev):
     for c in ev.cpu_children:
         yield c
@@ -86,8 +98,7 @@ def explain(model: nn.Module, *inputs, backward: bool = False, layer_types: tupl
         with profile(activities=acts) as prof:
             out = model(*inputs, **kwargs)
             if backward:
-                outs = out if isinstance(out, (tuple, list)) else [out]
-                sum(o.float().sum() for o in outs if isinstance(o, torch.Tensor)).backward()
+                torch.stack([t.float().sum() for t in _tensors(out) if t.requires_grad]).sum().backward()
     finally:
         for h in handles:
             h.remove()
