@@ -35,8 +35,16 @@ from vispe.image.relbias import RelBias  # noqa: E402
 from vispe.kernels.bias_attention import attend, pick_impl  # noqa: E402
 
 
-def peak_bytes(fn) -> int:
-    """Highest sum of allocations minus frees during ``fn()`` (profiler memory events, in order)."""
+def peak_bytes(fn, device: torch.device) -> int:
+    """Highest sum of allocations minus frees during ``fn()``: profiler memory events in order on the
+    CPU, the caching allocator's peak on CUDA."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
@@ -57,23 +65,26 @@ def main(argv=None) -> None:
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--max-gb", type=float, default=4.0, help="skip math-kernel rows needing more than this")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="of q, k, v and the bias")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     from timm.layers.pos_embed_rel import RelPosBias
 
     B, H, d = args.batch, args.heads, args.head_dim
+    dev, dt = torch.device(args.device), getattr(torch, args.dtype)
     print(f"# attention forward + backward with a learned relative bias vs without, batch {B}, {H} heads, "
-          f"head_dim {d}, float32; {args.rounds} interleaved rounds per grid")
+          f"head_dim {d}, {args.dtype} on {dev.type}; {args.rounds} interleaved rounds per grid")
     print(f"# {machine()}")
     print("| grid | tokens | row | path | ms | time / no bias | peak MiB | memory / no bias |")
     print("|---|---|---|---|---|---|---|---|")
     for g in args.grids:
         torch.manual_seed(0)
         N = g * g
-        q, k, v = (torch.randn(B, H, N, d, requires_grad=True) for _ in range(3))
-        ours = RelBias(H, grid=(g, g))
-        theirs = RelPosBias((g, g), H)
+        q, k, v = (torch.randn(B, H, N, d, device=dev, dtype=dt, requires_grad=True) for _ in range(3))
+        ours = RelBias(H, grid=(g, g)).to(dev)
+        theirs = RelPosBias((g, g), H).to(dev)
         params = [q, k, v, ours.table, theirs.relative_position_bias_table]
 
         def clear():
@@ -84,10 +95,10 @@ def main(argv=None) -> None:
             F.scaled_dot_product_attention(q, k, v).sum().backward()
 
         def vispe(impl):
-            return lambda: attend(q, k, v, bias=ours((g, g)), impl=impl).sum().backward()
+            return lambda: attend(q, k, v, bias=ours((g, g), dtype=dt), impl=impl).sum().backward()
 
         def timm_row():
-            F.scaled_dot_product_attention(q, k, v, attn_mask=theirs.get_bias()).sum().backward()
+            F.scaled_dot_product_attention(q, k, v, attn_mask=theirs.get_bias().to(dt)).sum().backward()
 
         rows = {"no bias": no_bias, "vispe auto": vispe("auto")}
         math_bytes = 4 * B * H * N * N * 4  # scores, probabilities and their gradients
@@ -97,11 +108,12 @@ def main(argv=None) -> None:
         else:
             skipped = ["vispe reference", "timm RelPosBias"]
         fns = {n: (lambda f=f: (clear(), f())) for n, f in rows.items()}
-        times = interleaved(fns, args.rounds if N <= 1024 else max(2, args.rounds // 2))
+        sync = torch.cuda.synchronize if dev.type == "cuda" else None
+        times = interleaved(fns, args.rounds if N <= 1024 else max(2, args.rounds // 2), sync=sync)
         mem = {}
         for n, f in rows.items():
             clear()
-            mem[n] = peak_bytes(f)
+            mem[n] = peak_bytes(f, dev)
         with torch.enable_grad():
             auto_path = pick_impl("auto", q, ours((g, g)))
         for n in rows:

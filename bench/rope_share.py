@@ -41,6 +41,8 @@ def main(argv=None) -> None:
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--compiled", action="store_true", help="also time the torch.compile kernel")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="of q, k, v")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -49,15 +51,16 @@ def main(argv=None) -> None:
     torch.manual_seed(0)
     (h, w), B, H, d = args.grid, args.batch, args.heads, args.head_dim
     N = h * w
-    qkv = torch.randn(3, B, H, N, d, requires_grad=True)  # the projection's output, one leaf
-    g = torch.randn(2, B, H, N, d)  # gradient reaching the rotated q and k
+    dev, dt = torch.device(args.device), getattr(torch, args.dtype)
+    qkv = torch.randn(3, B, H, N, d, device=dev, dtype=dt, requires_grad=True)  # the projection's output, one leaf
+    g = torch.randn(2, B, H, N, d, device=dev, dtype=dt)  # gradient reaching the rotated q and k
 
     def sdpa():
         out = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
         out.backward(g[0])
 
-    timm_axial = RotaryEmbeddingCat(d, in_pixels=False, feat_shape=[h, w], temperature=100.0)
-    timm_mixed = RotaryEmbeddingMixed(H * d, depth=1, num_heads=H, feat_shape=[h, w])
+    timm_axial = RotaryEmbeddingCat(d, in_pixels=False, feat_shape=[h, w], temperature=100.0).to(dev)
+    timm_mixed = RotaryEmbeddingMixed(H * d, depth=1, num_heads=H, feat_shape=[h, w]).to(dev)
 
     def t_axial():
         emb = timm_axial.get_embed()  # (N, 2d), cached
@@ -71,7 +74,7 @@ def main(argv=None) -> None:
         k = apply_rot_embed_cat(qkv[1], emb)
         torch.autograd.backward([q, k], [g[0], g[1]])
 
-    axial, mixed = RopeAxial(d, H), RopeMixed(d, H)
+    axial, mixed = RopeAxial(d, H).to(dev), RopeMixed(d, H).to(dev)
 
     def ours(pe, impl):
         def run():
@@ -84,9 +87,10 @@ def main(argv=None) -> None:
     if args.compiled:
         rows["vispe axial compiled"] = ours(axial, "compiled")
         rows["vispe mixed compiled"] = ours(mixed, "compiled")
-    times = interleaved(rows, args.rounds, args.iters)
-    print(f"# RoPE (angles + rotation of q and k, forward + backward) as a share of one SDPA forward + backward")
-    print(f"# q, k, v ({B}, {H}, {N}, {d}), grid {h}x{w}, float32; {args.rounds} interleaved rounds x {args.iters} calls")
+    times = interleaved(rows, args.rounds, args.iters, sync=torch.cuda.synchronize if dev.type == "cuda" else None)
+    print("# RoPE (angles + rotation of q and k, forward + backward) as a share of one SDPA forward + backward")
+    print(f"# q, k, v ({B}, {H}, {N}, {d}), grid {h}x{w}, {args.dtype} on {dev.type}; {args.rounds} interleaved "
+          f"rounds x {args.iters} calls")
     print(f"# {machine()}")
     print(f"{'row':<24}{'ms':>9}{'share of SDPA':>16}")
     for n in rows:

@@ -141,21 +141,27 @@ class BiasedAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, bias, kpm, chunk_bytes):
         B, H, Lq, _ = q.shape
         Lk = k.shape[2]
+        lse = None  # log-sum-exp of every score row, when the kernel gives it: P = exp(S - lse) in backward
         if kpm is None:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.detach().to(q.dtype))
+            out, lse = _sdpa(q, k, v, bias.detach().to(q.dtype))
         else:  # per block of batch items, so that the masked bias is never (B, H, L, L) at once
             out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
+            lse, parts = q.new_empty(q.shape[:-1], dtype=torch.float32), True
             for bs, _ in _blocks(B, H, Lq, Lk, max(chunk_bytes, H * Lq * Lk * 4)):
                 mask = torch.empty((bs.stop - bs.start, H, Lq, Lk), dtype=q.dtype, device=q.device)
-                out[bs] = F.scaled_dot_product_attention(q[bs], k[bs], v[bs],
-                                                         attn_mask=_block_bias(bias, kpm, bs, slice(None), mask))
+                out[bs], part = _sdpa(q[bs], k[bs], v[bs], _block_bias(bias, kpm, bs, slice(None), mask))
+                if part is None:
+                    parts = False
+                else:
+                    lse[bs] = part
+            lse = lse if parts else None
         ctx.chunk_bytes = chunk_bytes
-        ctx.save_for_backward(q, k, v, bias, kpm, out)
+        ctx.save_for_backward(q, k, v, bias, kpm, out, lse)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, bias, kpm, out = ctx.saved_tensors
+        q, k, v, bias, kpm, out, lse = ctx.saved_tensors
         B, H, Lq, d = q.shape
         Lk = k.shape[2]
         wd = torch.promote_types(q.dtype, torch.float32)
@@ -173,10 +179,15 @@ class BiasedAttention(torch.autograd.Function):
             do = _flat(dout[bs, :, rs].to(wd))  # (nb*H, nr, d)
             kc, vc = _flat(k[bs].to(wd)), _flat(v[bs].to(wd))  # (nb*H, Lk, d)
             s = _block_bias(bias, kpm, bs, rs, torch.empty((nb, H, nr, Lk), dtype=wd, device=q.device))
-            s = _flat(s).baddbmm_(qc, kc.transpose(1, 2), alpha=scale)  # S (nb*H, nr, Lk)
-            p = torch.softmax(s, dim=-1)  # P
-            ds = torch.baddbmm(_flat(neg_d[bs, :, rs]), do, vc.transpose(1, 2), out=s)  # dP - D
-            ds.mul_(p)  # dS
+            if lse is not None:  # P = exp(S - lse), in place
+                s.sub_(lse[bs, :, rs, None])
+                p = _flat(s).baddbmm_(qc, kc.transpose(1, 2), alpha=scale).exp_()
+                ds = torch.baddbmm(_flat(neg_d[bs, :, rs]), do, vc.transpose(1, 2))  # dP - D
+            else:
+                s = _flat(s).baddbmm_(qc, kc.transpose(1, 2), alpha=scale)  # S (nb*H, nr, Lk)
+                p = torch.softmax(s, dim=-1)
+                ds = torch.baddbmm(_flat(neg_d[bs, :, rs]), do, vc.transpose(1, 2), out=s)  # dP - D
+            ds.mul_(p)  # dS = P * (dP - D)
             if need_v:
                 _flat(dv[bs]).baddbmm_(p.transpose(1, 2), do)
             del p
@@ -192,6 +203,18 @@ class BiasedAttention(torch.autograd.Function):
                 _flat(dk[bs]).baddbmm_(ds.transpose(1, 2), qc, alpha=scale)
         cast = lambda g, like: None if g is None else g.to(like.dtype)  # noqa: E731
         return cast(dq, q), cast(dk, k), cast(dv, v), cast(db, bias), None, None
+
+
+def _sdpa(q, k, v, mask):
+    """SDPA's output and, from the fused CPU kernel when this torch has it, its log-sum-exp (else None)."""
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if op is not None and q.device.type == "cpu" and q.dtype == torch.float32:
+        try:
+            out, lse = op(q, k, v, 0.0, False, attn_mask=mask)
+            return out, lse
+        except RuntimeError:  # a layout or version the private operator refuses: the public call
+            pass
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), None
 
 
 _compiled_flex = None
