@@ -39,20 +39,25 @@ def load() -> str:
         return "n/a"
 
 
-def timed(fn, iters: int = 1, sync=None) -> float:
-    """Seconds per call of ``fn`` (``iters`` calls)."""
+def timed(fn, iters: int = 1, sync=None) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process) per call of ``fn`` (``iters`` calls).
+
+    CPU time counts what the process's threads computed, not the time other jobs held the cores,
+    so on a shared machine its ratios are the steadier ones (threads waiting at an OpenMP barrier
+    sleep under ``OMP_WAIT_POLICY=PASSIVE`` and are not counted). On a GPU only wall time means
+    anything."""
     if sync:
         sync()
-    t0 = time.perf_counter()
+    w0, c0 = time.perf_counter(), time.process_time()
     for _ in range(iters):
         fn()
     if sync:
         sync()
-    return (time.perf_counter() - t0) / iters
+    return (time.perf_counter() - w0) / iters, (time.process_time() - c0) / iters
 
 
 def interleaved(fns: dict, rounds: int, iters: int = 1, warmup: int = 1, sync=None) -> dict:
-    """{name: [seconds per round]}: every function once per round, round after round (A, B, A, B...)."""
+    """{name: [(wall, cpu) seconds per round]}: every function once per round, round after round."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -63,10 +68,14 @@ def interleaved(fns: dict, rounds: int, iters: int = 1, warmup: int = 1, sync=No
     return times
 
 
-def ratio(times: dict, name: str, base: str) -> float:
+CLOCKS = {"wall": 0, "cpu": 1}
+
+
+def ratio(times: dict, name: str, base: str, clock: str = "wall") -> float:
     """Median over rounds of ``name``'s time divided by ``base``'s time in the same round."""
-    return statistics.median(a / b for a, b in zip(times[name], times[base]))
+    i = CLOCKS[clock]
+    return statistics.median(a[i] / b[i] for a, b in zip(times[name], times[base]))
 
 
-def ms(times: dict, name: str) -> float:
-    return 1e3 * statistics.median(times[name])
+def ms(times: dict, name: str, clock: str = "wall") -> float:
+    return 1e3 * statistics.median(t[CLOCKS[clock]] for t in times[name])

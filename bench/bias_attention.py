@@ -13,7 +13,8 @@ forward + backward of one attention layer:
   ``VisionTransformerRelPos``.
 
 Rows of one grid interleave round by round; ratios are medians over rounds of a row's time over
-``no bias``'s time in the same round. Peak memory is the highest total of the bytes allocated and
+``no bias``'s time in the same round, in wall time and in the process's CPU time (the steadier one
+on a shared machine, ``bench/_common.py``). Peak memory is the highest total of the bytes allocated and
 not yet freed during one call (torch's profiler, ``profile_memory=True``; inputs not counted,
 gradients and everything the call creates counted), over the same for ``no bias``. Rows whose
 math kernel would need more than ``--max-gb`` are skipped.
@@ -77,8 +78,8 @@ def main(argv=None) -> None:
     print(f"# attention forward + backward with a learned relative bias vs without, batch {B}, {H} heads, "
           f"head_dim {d}, {args.dtype} on {dev.type}; {args.rounds} interleaved rounds per grid")
     print(f"# {machine()}")
-    print("| grid | tokens | row | path | ms | time / no bias | peak MiB | memory / no bias |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| grid | tokens | row | path | ms (wall) | time / no bias (wall) | (CPU time) | peak MiB | memory / no bias |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for g in args.grids:
         torch.manual_seed(0)
         N = g * g
@@ -120,10 +121,10 @@ def main(argv=None) -> None:
             path = {"no bias": "sdpa", "vispe auto": auto_path, "vispe reference": "reference",
                     "timm RelPosBias": "reference"}[n]
             print(f"| {g}x{g} | {N} | {n} | {path} | {ms(times, n):.1f} | {ratio(times, n, 'no bias'):.2f} | "
-                  f"{mem[n] / 2**20:.1f} | {mem[n] / mem['no bias']:.2f} |")
+                  f"{ratio(times, n, 'no bias', 'cpu'):.2f} | {mem[n] / 2**20:.1f} | {mem[n] / mem['no bias']:.2f} |")
         for n in skipped:
             print(f"| {g}x{g} | {N} | {n} | reference | skipped: the math kernel would need about "
-                  f"{math_bytes / 2**30:.1f} GiB (--max-gb {args.max_gb:g}) | | | |")
+                  f"{math_bytes / 2**30:.1f} GiB (--max-gb {args.max_gb:g}) | | | | |")
         del q, k, v, ours, theirs, params
 
 

@@ -6,7 +6,8 @@ q, k, v of shape (batch, heads, h*w, head_dim) (default (8, 6, 1024, 64)) are sl
 tensor, as they come out of the qkv projection. For each row, one timed call builds what the row
 needs per layer and step (tables or angles), rotates q and k, and runs the backward pass from a
 fixed output gradient; the share is that time divided by one SDPA forward + backward on the same
-q, k, v, taken in the same round (rounds interleave every row), median over rounds.
+q, k, v, taken in the same round (rounds interleave every row), median over rounds, in wall time
+and in the process's CPU time (the steadier one on a shared machine, ``bench/_common.py``).
 
 Rows: timm axial (``RotaryEmbeddingCat``, cached sin/cos, ``apply_rot_embed_cat`` on q then k, as
 timm's Eva), timm mixed (``RotaryEmbeddingMixed`` of one block, embedding rebuilt each step),
@@ -92,9 +93,10 @@ def main(argv=None) -> None:
     print(f"# q, k, v ({B}, {H}, {N}, {d}), grid {h}x{w}, {args.dtype} on {dev.type}; {args.rounds} interleaved "
           f"rounds x {args.iters} calls")
     print(f"# {machine()}")
-    print(f"{'row':<24}{'ms':>9}{'share of SDPA':>16}")
+    print("| row | ms (wall) | share of SDPA (wall time) | share of SDPA (CPU time) |")
+    print("|---|---|---|---|")
     for n in rows:
-        print(f"{n:<24}{ms(times, n):>9.1f}{ratio(times, n, 'sdpa'):>16.3f}")
+        print(f"| {n} | {ms(times, n):.1f} | {ratio(times, n, 'sdpa'):.3f} | {ratio(times, n, 'sdpa', 'cpu'):.3f} |")
 
 
 if __name__ == "__main__":
