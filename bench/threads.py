@@ -7,14 +7,17 @@ Each setting runs in its own process (OpenMP reads its wait policy when torch lo
 of its batch size, after a warm-up; once alone and once while ``--busy`` extra processes spin
 (a Python loop each, started and stopped by this script). Settings:
 
-* ``threads=1``: one torch thread (``train.threads=1``);
-* ``threads=N``: torch's default, one thread per core, OpenMP's default wait policy (threads
-  spin at barriers before sleeping);
-* ``threads=N passive``: the same with ``OMP_WAIT_POLICY=PASSIVE`` (threads sleep at once);
-* ``auto``: what ``train.threads=0`` (the default) chooses (``vispe.train.threads``).
+* before: torch's default, one thread per core, OpenMP's default wait policy (threads spin at
+  barriers before sleeping), what ``train.py`` ran before ``train.threads``;
+* ``train.threads=1``: one torch thread;
+* after: ``train.py``'s default, ``train.threads=0`` (auto) with the ``OMP_WAIT_POLICY=PASSIVE``
+  that ``train.py`` sets before torch loads: one thread per core, sleeping at barriers
+  (``vispe.train.threads``).
 
-Rounds interleave the settings (A, B, C, A, B, C...); figures are medians over rounds: seconds
-per step alone and with the busy processes, and their ratio (the slowdown).
+Rounds interleave the settings (A, B, C, A, B, C...); figures are medians over rounds: wall time
+per step alone and with the busy processes, and their ratio (the slowdown). "Alone" means without
+this script's busy processes; other jobs on a shared machine still run (the load averages seen are
+printed).
 """
 from __future__ import annotations
 
@@ -84,9 +87,10 @@ def main(argv=None) -> None:
     from _common import load, machine
 
     cores = len(os.sched_getaffinity(0))
-    settings = {"threads=1": {"threads": 1}, f"threads={cores}": {"threads": cores},
-                f"threads={cores} passive": {"threads": cores, "env": {"OMP_WAIT_POLICY": "PASSIVE"}},
-                "auto (train.threads=0)": {"threads": 0}}
+    settings = {f"before: torch's default ({cores} threads, spinning)": {"threads": cores},
+                "train.threads=1": {"threads": 1},
+                f"after: train.py's default (auto = {cores} threads, passive)": {
+                    "threads": 0, "env": {"OMP_WAIT_POLICY": "PASSIVE"}}}
     times = {(n, busy): [] for n in settings for busy in (False, True)}
     loads = []
     for _ in range(args.rounds):
