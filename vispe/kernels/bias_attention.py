@@ -34,7 +34,8 @@ from torch.profiler import record_function
 from vispe import _checks
 
 BIAS_IMPLS = ("auto", "reference", "chunked", "flex")
-CHUNK_BYTES = 8 * 2**20  # float32 scores per block in the chunked backward (bench/bias_attention.py)
+CHUNK_BYTES = 8 * 2**20  # float32 scores per block in the chunked backward (bench/bias_attention.py),
+# at most an eighth of all the scores (at least 1 MiB), so that small problems stay small
 
 
 def pick_impl(impl: str, q: torch.Tensor, bias: torch.Tensor | None, *, dropout_p: float = 0.0,
@@ -62,7 +63,7 @@ def pick_impl(impl: str, q: torch.Tensor, bias: torch.Tensor | None, *, dropout_
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bias: torch.Tensor | None = None,
            attn_mask: torch.Tensor | None = None, key_padding_mask: torch.Tensor | None = None,
            dropout_p: float = 0.0, is_causal: bool = False, impl: str = "auto",
-           chunk_bytes: int = CHUNK_BYTES) -> torch.Tensor:
+           chunk_bytes: int | None = None) -> torch.Tensor:
     """softmax(q k^T / sqrt(d) + bias + attn_mask, padded keys hidden) v.  # (B, heads, Lq, d)
 
     q (B, heads, Lq, d); k, v (B, heads, Lk, d); bias (B|1, heads, Lq, Lk) float; attn_mask as
@@ -82,6 +83,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bias: torch.Ten
     if path == "flex":
         with record_function("vispe::flex_attention"):  # named for vispe.kernels.explain
             return _flex(q, k, v, bias, key_padding_mask)
+    if chunk_bytes is None:
+        total = q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] * 4
+        chunk_bytes = min(CHUNK_BYTES, max(2**20, total // 8))
     _checks.positive_int("chunk_bytes", chunk_bytes)
     with record_function("vispe::chunked_bias_attention"):
         return BiasedAttention.apply(q, k, v, bias, key_padding_mask, chunk_bytes)
@@ -122,12 +126,14 @@ def _blocks(B: int, H: int, Lq: int, Lk: int, chunk_bytes: int):
                 yield slice(b, b + 1), slice(r, min(r + nr, Lq))
 
 
-def _block_bias(bias, kpm, bs, rs, out):
-    """The bias of one block, padded keys at -inf, written into ``out`` (nb, H, nr, Lk)."""
+def _block_bias(bias, kpm, bs, rs, out, shift=None):
+    """The bias of one block, padded keys at -inf, minus ``shift`` (nb, H, nr, 1) if given, written
+    into ``out`` (nb, H, nr, Lk) in one pass where possible."""
     blk = bias.detach()[bs if bias.shape[0] > 1 else slice(0, 1), :, rs]  # (nb|1, H, nr, Lk)
-    if kpm is None:
-        return out.copy_(blk)
-    return torch.where(kpm[bs, None, None, :], out.new_full((), float("-inf")), blk, out=out)
+    if kpm is not None:
+        out = torch.where(kpm[bs, None, None, :], out.new_full((), float("-inf")), blk, out=out)
+        return out if shift is None else out.sub_(shift)
+    return out.copy_(blk) if shift is None else torch.sub(blk, shift, out=out)
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:  # (nb, H, n, m) -> (nb*H, n, m), a view when possible
@@ -178,13 +184,13 @@ class BiasedAttention(torch.autograd.Function):
             qc = _flat(q[bs, :, rs].to(wd))  # (nb*H, nr, d)
             do = _flat(dout[bs, :, rs].to(wd))  # (nb*H, nr, d)
             kc, vc = _flat(k[bs].to(wd)), _flat(v[bs].to(wd))  # (nb*H, Lk, d)
-            s = _block_bias(bias, kpm, bs, rs, torch.empty((nb, H, nr, Lk), dtype=wd, device=q.device))
+            s = torch.empty((nb, H, nr, Lk), dtype=wd, device=q.device)
             if lse is not None:  # P = exp(S - lse), in place
-                s.sub_(lse[bs, :, rs, None])
+                s = _block_bias(bias, kpm, bs, rs, s, lse[bs, :, rs, None])
                 p = _flat(s).baddbmm_(qc, kc.transpose(1, 2), alpha=scale).exp_()
                 ds = torch.baddbmm(_flat(neg_d[bs, :, rs]), do, vc.transpose(1, 2))  # dP - D
             else:
-                s = _flat(s).baddbmm_(qc, kc.transpose(1, 2), alpha=scale)  # S (nb*H, nr, Lk)
+                s = _flat(_block_bias(bias, kpm, bs, rs, s)).baddbmm_(qc, kc.transpose(1, 2), alpha=scale)  # S
                 p = torch.softmax(s, dim=-1)
                 ds = torch.baddbmm(_flat(neg_d[bs, :, rs]), do, vc.transpose(1, 2), out=s)  # dP - D
             ds.mul_(p)  # dS = P * (dP - D)
