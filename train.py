@@ -23,8 +23,14 @@ import time
 import traceback
 from pathlib import Path
 
-from vispe.data.common import DataFileError
-from vispe.train import config as C
+# OpenMP threads sleep at once at a barrier instead of spinning, so that a core taken by another
+# process does not stall every step (read when torch loads, hence before the imports below;
+# vispe/train/threads.py and bench/threads.py). An explicit setting in the environment wins.
+if "torch" not in sys.modules:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from vispe.data.common import DataFileError  # noqa: E402
+from vispe.train import config as C  # noqa: E402
 from vispe.train import distributed as D
 from vispe.train import rundir
 from vispe.train.checkpoint import CheckpointError

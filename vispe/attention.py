@@ -6,10 +6,12 @@ checkpoints load) and adds, per call, a ``PosContext`` that says where the token
 * additive at every layer (DETR style): ``ctx.pos`` (B|1, L, C) is added to the inputs of q and k
   (not v): ``q, k = W_qk (x + pos)``, ``v = W_v x``, as DETR and transformers' DETR compute it;
 * rotary: the layer's own ``pe`` (a RotaryEncoding) gives angles for the grid tokens; prefix tokens
-  get angle 0 (unrotated); q and k are rotated in float32 and cast back;
-* bias: the layer's own ``pe`` (a BiasEncoding) gives (B|1, heads, L, L) logits bias, passed to
-  ``scaled_dot_product_attention`` as a float ``attn_mask`` (this leaves the flash kernel: torch
-  then uses the memory-efficient or math kernel);
+  get angle 0 (unrotated); q and k are rotated together in float32 and cast back
+  (``vispe.kernels.rope``: cos/sin built once per grid, ``rope_impl`` "auto" | "fused" |
+  "compiled" | "reference");
+* bias: the layer's own ``pe`` (a BiasEncoding) gives a (B|1, heads, L, L) logits bias, added to
+  the scores by ``vispe.kernels.bias_attention.attend`` (``bias_impl`` "auto" | "reference" |
+  "chunked" | "flex": a learned bias keeps SDPA's fused kernel on the CPU, see there);
 * key padding: ``ctx.key_padding_mask`` (B, L), True = padding, masks keys of padded tokens.
 
 Cross-attention (DETR's decoder): ``attn(x, ctx=query_ctx, memory=m, memory_ctx=memory_ctx)``
@@ -24,15 +26,16 @@ e.g. DETR's object queries) carries only ``pos``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from timm.layers import Attention as TimmAttention
+from torch import nn
 
 from vispe import _checks
-from vispe.axis.rope import apply_rope
 from vispe.encoding import BiasEncoding, PositionEncoding, RotaryEncoding
+from vispe.kernels import bias_attention, rope
 
 
 @dataclass
@@ -43,6 +46,7 @@ class PosContext:
     num_prefix_tokens: int = 0
     mask: torch.Tensor | None = None  # (B, h, w) True = padding
     pos: torch.Tensor | None = None  # (B|1, P + h*w, C) additive code for q/k (DETR style)
+    memo: dict = field(default_factory=dict, repr=False, compare=False)  # tables shared by the layers
 
     @property
     def key_padding_mask(self) -> torch.Tensor | None:  # (B, P + h*w) True = padding
@@ -60,16 +64,25 @@ class PosContext:
 class Attention(TimmAttention):
     """timm's Attention plus an optional rotary or bias encoding ``pe`` and a ``PosContext``.
 
-    Takes timm's constructor arguments (so it can be timm's ``attn_layer``) and ``pe``.
+    Takes timm's constructor arguments (so it can be timm's ``attn_layer``), ``pe`` and the kernel
+    choices ``rope_impl`` (``vispe.kernels.rope.ROPE_IMPLS``) and ``bias_impl``
+    (``vispe.kernels.bias_attention.BIAS_IMPLS``), "auto" by default; ``vispe.kernels.set_impl``
+    sets them on every layer of a model.
     """
 
-    def __init__(self, dim: int, num_heads: int = 8, *, pe: PositionEncoding | None = None, **kwargs) -> None:
+    rope_impl: str = "auto"  # class defaults too, for timm layers converted in place (convert_vit)
+    bias_impl: str = "auto"
+
+    def __init__(self, dim: int, num_heads: int = 8, *, pe: PositionEncoding | None = None,
+                 rope_impl: str = "auto", bias_impl: str = "auto", **kwargs) -> None:
         _checks.positive_int("num_heads", num_heads)
         if dim % num_heads:
             raise ValueError(f"dim={dim}: expected a multiple of num_heads={num_heads}")
         if kwargs.get("gated"):
             raise ValueError("gated=True: vispe's Attention does not implement timm's output gate")
         super().__init__(dim, num_heads=num_heads, **kwargs)
+        self.rope_impl = _checks.choice("rope_impl", rope_impl, rope.ROPE_IMPLS)
+        self.bias_impl = _checks.choice("bias_impl", bias_impl, bias_attention.BIAS_IMPLS)
         self.pe = None
         self.set_pe(pe)
 
@@ -93,34 +106,32 @@ class Attention(TimmAttention):
         if memory is None:
             if memory_ctx is not None:
                 raise ValueError("memory_ctx is given without memory: expected memory=(B, Lk, C) for cross-attention")
-            q, k, v = self._qkv(x, ctx)  # (B, heads, L, head_dim) each
+            qk, v = self._qkv(x, ctx)  # (2, B, heads, L, hd), (B, heads, L, hd)
+            qk = self._norm_qk(qk)
             kv_ctx = ctx
         else:
             q, k, v = self._cross_qkv(x, ctx, memory, memory_ctx)  # q (B, heads, L, hd); k, v (B, heads, Lk, hd)
+            qk = None
+            q, k = self.q_norm(q), self.k_norm(k)
             kv_ctx = memory_ctx
-        q, k = self.q_norm(q), self.k_norm(k)
-        mask = attn_mask
+        bias = None
         if self.pe is not None:
             if ctx is None or ctx.shape is None:
                 raise ValueError(f"this layer has a {self.pe.family} encoding: expected a PosContext "
                                  "(ctx=...) giving the token grid")
             if self.pe.family == "rotary":
-                q, k = self._rotate(q, k, ctx)
+                qk = rope.rotate_qk(self.pe, qk, ctx.shape, ctx.mask, ctx.num_prefix_tokens, memo=ctx.memo,
+                                    impl=self.rope_impl)  # (2, B, heads, L, hd)
             else:
-                bias = self._bias(q, ctx)  # (B|1, heads, L, L)
-                mask = bias if mask is None else mask + bias
+                bias = self._bias(qk[0], ctx)  # (B|1, heads, L, L)
+        if qk is not None:
+            q, k = qk.unbind(0)
         kpm = kv_ctx.key_padding_mask if kv_ctx is not None else None
-        if kpm is not None:
-            if kpm.shape != (B, k.shape[-2]):
-                raise ValueError(f"the padding mask covers {tuple(kpm.shape)} (B, keys): expected ({B}, {k.shape[-2]})")
-            if mask is None:
-                mask = ~kpm[:, None, None, :]  # (B, 1, 1, Lk) True = attend
-            else:
-                mask = mask.masked_fill(kpm[:, None, None, :], float("-inf"))
-        if mask is not None and mask.dtype != torch.bool:
-            mask = mask.to(q.dtype)
-        x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                           dropout_p=self.attn_drop.p if self.training else 0.0)  # (B, heads, L, hd)
+        if kpm is not None and kpm.shape != (B, k.shape[-2]):
+            raise ValueError(f"the padding mask covers {tuple(kpm.shape)} (B, keys): expected ({B}, {k.shape[-2]})")
+        x = bias_attention.attend(q, k, v, bias=bias, attn_mask=attn_mask, key_padding_mask=kpm,
+                                  dropout_p=self.attn_drop.p if self.training else 0.0, is_causal=is_causal,
+                                  impl=self.bias_impl)  # (B, heads, L, hd)
         x = x.transpose(1, 2).reshape(B, L, self.attn_dim)  # (B, L, heads*hd)
         x = self.norm(x)
         x = self.proj(x)
@@ -135,17 +146,22 @@ class Attention(TimmAttention):
         return F.linear(x, self.qkv.weight[rows], bias)
 
     def _qkv(self, x: torch.Tensor, ctx: PosContext | None):
+        """q and k stacked (a view of the projection, no copy), and v.  # (2, B, heads, L, hd), (B, heads, L, hd)"""
         B, L, _ = x.shape
+        split = lambda t, n: t.reshape(B, L, n, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # noqa: E731
         pos = _checked_pos(ctx, L, x, "ctx.pos")
         if pos is None:
-            qkv = self.qkv(x)  # (B, L, 3*A)
-            qkv = qkv.reshape(B, L, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-            return qkv.unbind(0)
+            qkv = split(self.qkv(x), 3)  # (3, B, heads, L, hd)
+            return qkv[:2], qkv[2]
         A = self.attn_dim
         qk = self._project(x + pos, slice(0, 2 * A))  # (B, L, 2A): position on q and k
         v = self._project(x, slice(2 * A, 3 * A))  # (B, L, A): none on v
-        q, k = qk.chunk(2, dim=-1)
-        return self._heads(q), self._heads(k), self._heads(v)
+        return split(qk, 2), self._heads(v)
+
+    def _norm_qk(self, qk: torch.Tensor) -> torch.Tensor:  # (2, B, heads, L, hd)
+        if isinstance(self.q_norm, nn.Identity) and isinstance(self.k_norm, nn.Identity):
+            return qk
+        return torch.stack([self.q_norm(qk[0]), self.k_norm(qk[1])])
 
     def _cross_qkv(self, x: torch.Tensor, ctx: PosContext | None, memory: torch.Tensor,
                    memory_ctx: PosContext | None):
@@ -161,16 +177,6 @@ class Attention(TimmAttention):
         k = self._project(memory if kpos is None else memory + kpos, slice(A, 2 * A))  # (B, Lk, A)
         v = self._project(memory, slice(2 * A, 3 * A))  # (B, Lk, A)
         return self._heads(q), self._heads(k), self._heads(v)
-
-    def _rotate(self, q: torch.Tensor, k: torch.Tensor, ctx: PosContext):
-        angles = self.pe(ctx.shape, ctx.mask, device=q.device)  # (B|1, heads|1, N, hd/2) float32
-        if ctx.num_prefix_tokens:
-            angles = F.pad(angles, (0, 0, ctx.num_prefix_tokens, 0))  # prefix tokens: angle 0
-        if angles.shape[-2] != q.shape[-2]:
-            raise ValueError(f"the encoding gives {angles.shape[-2]} token angles: expected {q.shape[-2]} "
-                             f"(grid {ctx.shape} + {ctx.num_prefix_tokens} prefix tokens)")
-        layout = self.pe.layout
-        return apply_rope(q, angles, layout), apply_rope(k, angles, layout)
 
     def _bias(self, q: torch.Tensor, ctx: PosContext) -> torch.Tensor:
         kw = {"q": q} if self.pe.contextual else {}

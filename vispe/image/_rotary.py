@@ -78,6 +78,12 @@ class RotaryBase(RotaryEncoding):
         """Float32 angles ``(B|1, heads|1, N, head_dim/2)`` of coordinates ``coords`` (B|1, N, 2)."""
         raise NotImplementedError
 
+    def fixed_key(self) -> tuple | None:
+        """A key shared by encodings whose angles are the same at every call (their cos/sin tables
+        are then built once, ``vispe.kernels.rope.tables_for``), or None when the angles learn or
+        are random. Subclasses with fixed angles return their settings."""
+        return None
+
     def _augmenting(self) -> bool:
         return self.training and (self.shift > 0 or self.jitter > 0)
 

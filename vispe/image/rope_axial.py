@@ -60,6 +60,17 @@ class RopeAxial(RotaryBase):
         parts = [y, x] if self.axis_order == "yx" else [x, y]
         return torch.cat(parts, dim=-1)[:, None]  # (B|1, 1, N, head_dim/2)
 
+    def grid_angles(self, shape, mask, device) -> torch.Tensor:
+        if mask is not None or self._augmenting():
+            return super().grid_angles(shape, mask, device)
+        key = ("rope_axial", shape[0], shape[1], device, torch.float32)
+        return self.cached(key, lambda: super(RopeAxial, self).grid_angles(shape, None, device))
+
+    def fixed_key(self) -> tuple | None:
+        if self._augmenting():
+            return None
+        return ("rope_axial", self.head_dim, self.base, self.axis_order, self.coords, self.scale, self.ref_grid)
+
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, base={self.base:g}, axis_order={self.axis_order!r}"
 
@@ -110,12 +121,3 @@ def convert_rope_axis_order(state_dict: dict, *, num_heads: int, head_dim: int, 
         elif key.endswith(_QK_NORM) and value.shape[0] == head_dim:
             out[key] = value[perm]
     return out
-
-    def grid_angles(self, shape, mask, device) -> torch.Tensor:
-        if mask is not None or self._augmenting():
-            return super().grid_angles(shape, mask, device)
-        key = ("rope_axial", shape[0], shape[1], device, torch.float32)
-        return self.cached(key, lambda: super(RopeAxial, self).grid_angles(shape, None, device))
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, base={self.base:g}"

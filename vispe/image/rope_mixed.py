@@ -96,10 +96,10 @@ class RopeMixed(RotaryBase):
         self.freqs = nn.Parameter(mixed_init(head_dim, num_heads, theta, rotate))  # (heads, d/2, 2)
 
     def angles(self, coords: torch.Tensor) -> torch.Tensor:
+        """y * fy + x * fx as one (N, 2) @ (2, d/2) product per head: the cheapest form, forward and
+        backward (bench/rope_share.py); float32, autocast is off here (``RotaryBase.forward``)."""
         f = self.freqs.to(device=coords.device, dtype=torch.float32)  # (heads, d/2, 2)
-        y = coords[:, None, :, 0, None]  # (B|1, 1, N, 1)
-        x = coords[:, None, :, 1, None]  # (B|1, 1, N, 1)
-        return y * f[None, :, None, :, 0] + x * f[None, :, None, :, 1]  # (B|1, heads, N, d/2)
+        return torch.matmul(coords[:, None], f.transpose(-1, -2))  # (B|1, 1, N, 2) @ (heads, 2, d/2)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, theta={self.theta:g}, rotate={self.rotate}"

@@ -30,7 +30,7 @@ AMPS = ("auto", "bf16", "fp16", "none")
 SCHEDULES = ("cosine", "constant", "step")
 OPTIMIZERS = ("adamw", "sgd")
 #: keys that may change when a run is resumed (they do not change what is being trained)
-RESUMABLE_KEYS = ("train.epochs", "train.device", "train.compile", "train.log_every", "train.progress",
+RESUMABLE_KEYS = ("train.epochs", "train.device", "train.threads", "train.compile", "train.log_every", "train.progress",
                   "train.ckpt_every_steps", "train.eval_every", "task.vis_images", "task.vis_score", "train.compare", "train.overwrite", "data.num_workers",
                   "data.eval_batch_size", "smoke")
 
@@ -136,6 +136,9 @@ class TrainLoopConfig:
     seed: int = 0
     device: str = "auto"  # auto (CUDA when present) | cpu | cuda
     amp: str = "auto"  # auto (bf16 on CUDA, none on CPU) | bf16 | fp16 | none
+    # CPU threads of torch; 0 = auto: one per core when OMP_WAIT_POLICY=PASSIVE (train.py sets it), else 1
+    # (vispe/train/threads.py; on a machine shared with other jobs see the README)
+    threads: int = 0
     compile: bool = False  # torch.compile the model
     # CPU runs are reproducible either way (tests/test_train_resume.py); true also asks for deterministic
     # GPU kernels (slower; set CUBLAS_WORKSPACE_CONFIG=:4096:8 before starting)
@@ -310,7 +313,7 @@ def validate(cfg: DictConfig) -> None:
                 "data.test_subset", "model.patch_size", "optim.lr", "train.epochs", "train.log_every",
                 "train.eval_every", "optim.lr_backbone", "optim.lr_drop"):
         _positive(key, OmegaConf.select(cfg, key))
-    for key in ("data.num_workers", "train.ckpt_every_steps", "optim.weight_decay", "optim.warmup_epochs",
+    for key in ("data.num_workers", "train.threads", "train.ckpt_every_steps", "optim.weight_decay", "optim.warmup_epochs",
                 "optim.min_lr", "task.label_smoothing"):
         _positive(key, OmegaConf.select(cfg, key), allow_zero=True)
     _positive("optim.grad_clip", cfg.optim.grad_clip)

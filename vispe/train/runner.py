@@ -26,6 +26,7 @@ from vispe.train import distributed as D
 from vispe.train import engine, loaders
 from vispe.train.logging import RunLog
 from vispe.train.schedule import LRPlan, build_scheduler
+from vispe.train.threads import apply_threads
 
 #: test hook "<step>:<KILL|INT|TERM>": the process sends itself that signal after optimiser step
 #: <step> (tests of resume after SIGKILL and after Ctrl-C); unset in normal use
@@ -117,6 +118,7 @@ def machine(device: torch.device) -> str:
 def run_encoding(cfg: DictConfig, task, data: Data, sub: Path, *, resume: bool, dist: D.DistInfo) -> dict:
     """Train ``cfg.model.pe`` in folder ``sub`` (resuming its checkpoint if asked); return its summary."""
     t = cfg.train
+    apply_threads(t.threads)
     device = engine.resolve_device(t.device)
     if device.type == "cuda":  # this process's GPU (distributed.setup chose it from LOCAL_RANK)
         device = torch.device("cuda", torch.cuda.current_device())

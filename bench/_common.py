@@ -1,0 +1,81 @@
+"""Shared helpers of the bench scripts: interleaved timing, medians of ratios, machine line.
+
+Imported before torch by every script: OpenMP threads then sleep at barriers instead of spinning
+(``OMP_WAIT_POLICY=PASSIVE``, as ``train.py``), so that other jobs on a shared machine do not
+stall the timed code several-fold (``bench/threads.py``). An explicit setting wins.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+
+if "torch" not in __import__("sys").modules:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+
+
+def machine() -> str:
+    """CPU model (or GPU name), cores, torch threads, torch version, load average."""
+    if torch.cuda.is_available():
+        where = torch.cuda.get_device_name()
+    else:
+        where = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo") as f:
+                where = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), where)
+        except OSError:
+            pass
+        where = f"{where}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+    return f"{where}; torch {torch.__version__}; load average {load()}"
+
+
+def load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def timed(fn, iters: int = 1, sync=None) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process) per call of ``fn`` (``iters`` calls).
+
+    CPU time counts what the process's threads computed, not the time other jobs held the cores,
+    so on a shared machine its ratios are the steadier ones (threads waiting at an OpenMP barrier
+    sleep under ``OMP_WAIT_POLICY=PASSIVE`` and are not counted). On a GPU only wall time means
+    anything."""
+    if sync:
+        sync()
+    w0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(iters):
+        fn()
+    if sync:
+        sync()
+    return (time.perf_counter() - w0) / iters, (time.process_time() - c0) / iters
+
+
+def interleaved(fns: dict, rounds: int, iters: int = 1, warmup: int = 1, sync=None) -> dict:
+    """{name: [(wall, cpu) seconds per round]}: every function once per round, round after round."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {n: [] for n in fns}
+    for _ in range(rounds):
+        for n, fn in fns.items():
+            times[n].append(timed(fn, iters, sync))
+    return times
+
+
+CLOCKS = {"wall": 0, "cpu": 1}
+
+
+def ratio(times: dict, name: str, base: str, clock: str = "wall") -> float:
+    """Median over rounds of ``name``'s time divided by ``base``'s time in the same round."""
+    i = CLOCKS[clock]
+    return statistics.median(a[i] / b[i] for a, b in zip(times[name], times[base]))
+
+
+def ms(times: dict, name: str, clock: str = "wall") -> float:
+    return 1e3 * statistics.median(t[CLOCKS[clock]] for t in times[name])
