@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The result grids of results/compare/*.md, one train.py run at a time on one CPU thread.
+#
+#   bash results/compare/run_grids.sh            # from the repository root; hours on a 2-core CPU
+#
+# Every command is a vispe.sweep invocation: finished points are skipped and interrupted ones
+# resume from their checkpoints, so running this script again continues where it stopped (in
+# another session too, as long as runs/sweeps/ is there). Phases are ordered so that a partial
+# run is still useful: seed 0 of the main encodings on every task first, then the padding
+# ablation and the rest of the registry, then seeds 1 and 2.
+# Results: runs/sweeps/<task>/results.csv; tables: python -m vispe.report runs/sweeps/<task>.
+set -u
+cd "$(dirname "$0")/../.."
+PY=${PY:-.venv/bin/python}
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+MAIN=none,sine,learned_abs,sincos2d,rope_axial,rope_mixed,relbias,peg
+REST=learned_rowcol,axis2d,normidx2d,fourier,relbias_axis,irpe,log_cpb
+TASKS=${TASKS:-"digits_cell digits_relative digits_content_position digits_class"}
+EVAL="train.eval_sizes=[0.5,0.75,1.0,1.25,1.5,2.0]"
+
+sweep() {  # sweep <task> <args...>
+  local task=$1; shift
+  $PY -m vispe.sweep --config configs/$task.yaml --out runs/sweeps/$task --threads 1 "$@" "$EVAL"
+}
+
+for t in $TASKS; do sweep $t --pe $MAIN --seeds 0; done                                         # phase A
+for t in $TASKS; do sweep $t --pe peg --seeds 0 --vary model.pe_kwargs.padding_mode=none; done  # phase B (CPVT)
+for t in $TASKS; do sweep $t --pe $REST --seeds 0; done                                         # phase C
+for t in $TASKS; do sweep $t --pe $MAIN --seeds 0,1,2; done                                     # phase D
+for t in $TASKS; do sweep $t --pe peg --seeds 0,1,2 --vary model.pe_kwargs.padding_mode=none; done
+echo "all grids done"
