@@ -8,10 +8,16 @@
 # another session too, as long as runs/sweeps/ is there). Phases are ordered so that a partial
 # run is still useful: seed 0 of the main encodings on every task first, then the padding
 # ablation and the rest of the registry, then seeds 1 and 2.
+# The runs of results/compare were made from a snapshot of one commit, so that edits of the
+# checkout during the hours they take cannot change them:
+#   sha=$(git rev-parse --short HEAD); mkdir -p runs/_code/$sha
+#   git archive HEAD | tar -x -C runs/_code/$sha; git rev-parse HEAD > runs/_code/$sha/.vispe-commit
+#   PY=$PWD/.venv/bin/python OUT=$PWD/runs/sweeps nohup bash runs/_code/$sha/results/compare/run_grids.sh > runs/grids.log 2>&1 &
 # Results: runs/sweeps/<task>/results.csv; tables: python -m vispe.report runs/sweeps/<task>.
 set -u
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
+OUT=${OUT:-runs/sweeps}  # where the sweep folders go
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 MAIN=none,sine,learned_abs,sincos2d,rope_axial,rope_mixed,relbias,peg
 REST=learned_rowcol,axis2d,normidx2d,fourier,relbias_axis,irpe,log_cpb
@@ -20,7 +26,7 @@ EVAL="train.eval_sizes=[0.5,0.75,1.0,1.25,1.5,2.0]"
 
 sweep() {  # sweep <task> <args...>
   local task=$1; shift
-  $PY -m vispe.sweep --config configs/$task.yaml --out runs/sweeps/$task --threads 1 "$@" "$EVAL"
+  $PY -m vispe.sweep --config configs/$task.yaml --out $OUT/$task --threads 1 "$@" "$EVAL"
 }
 
 for t in $TASKS; do sweep $t --pe $MAIN --seeds 0; done                                         # phase A
