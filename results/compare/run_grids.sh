@@ -6,8 +6,9 @@
 # Every command is a vispe.sweep invocation: finished points are skipped and interrupted ones
 # resume from their checkpoints, so running this script again continues where it stopped (in
 # another session too, as long as runs/sweeps/ is there). Phases are ordered so that a partial
-# run is still useful: seed 0 of the main encodings on every task first, then CPVT's padding
-# ablation at seed 0, then seeds 1-2 and the rest of the registry, cheap tasks first.
+# run is still useful: the two cheap position tasks (10 epochs) first with all seeds and CPVT's
+# padding ablation (peg, padding_mode=none), then seed 0 of the 30-epoch tasks (digits_class:
+# the resolution-transfer encodings first), then the rest of the registry, then seeds 1-2.
 # The runs of results/compare were made from a snapshot of one commit, so that edits of the
 # checkout during the hours they take cannot change them:
 #   sha=$(git rev-parse --short HEAD); mkdir -p runs/_code/$sha
@@ -29,17 +30,12 @@ sweep() {  # sweep <task> <args...>
   $PY -m vispe.sweep --config configs/$task.yaml --out $OUT/$task --threads 1 "$@" "$EVAL"
 }
 
-POS="digits_cell digits_relative"  # the cheap position tasks (10 epochs) get all seeds first
-for t in $TASKS; do sweep $t --pe $MAIN --seeds 0; done                                          # A
-for t in $TASKS; do sweep $t --pe peg --seeds 0 --vary model.pe_kwargs.padding_mode=none; done   # B (CPVT)
-for t in $POS; do
-  sweep $t --pe $MAIN --seeds 0,1,2                                                              # C
-  sweep $t --pe peg --seeds 0,1,2 --vary model.pe_kwargs.padding_mode=none
-  sweep $t --pe $REST --seeds 0
-done
-for t in digits_content_position digits_class; do                                               # D
-  sweep $t --pe $MAIN --seeds 0,1,2
-  sweep $t --pe peg --seeds 0,1,2 --vary model.pe_kwargs.padding_mode=none
-  sweep $t --pe $REST --seeds 0
-done
+PEGNONE="--pe peg --vary model.pe_kwargs.padding_mode=none"
+for t in digits_cell digits_relative; do sweep $t --pe $MAIN --seeds 0; sweep $t $PEGNONE --seeds 0; done
+for t in digits_cell digits_relative; do sweep $t --pe $MAIN --seeds 0,1,2; sweep $t $PEGNONE --seeds 0,1,2; done
+sweep digits_content_position --pe $MAIN --seeds 0; sweep digits_content_position $PEGNONE --seeds 0
+sweep digits_class --pe none,learned_abs,rope_axial,rope_mixed --seeds 0   # resolution transfer first
+sweep digits_class --pe $MAIN --seeds 0; sweep digits_class $PEGNONE --seeds 0
+for t in $TASKS; do sweep $t --pe $REST --seeds 0; done
+for t in digits_content_position digits_class; do sweep $t --pe $MAIN --seeds 0,1,2; sweep $t $PEGNONE --seeds 0,1,2; done
 echo "all grids done"
