@@ -108,3 +108,22 @@ def test_dry_run_lists_states(swept, capsys):
     assert cli.main([*argv, "--dry-run"]) == 0
     text = capsys.readouterr().out
     assert "none_seed0" in text and "finished" in text and "0 to run" in text
+
+
+@pytest.mark.slow
+def test_trained_model_of_a_run_and_its_float16_weights_file(swept, tmp_path):
+    import torch
+
+    from vispe.analysis import trained
+
+    run = swept[0] / "learned_abs_seed0" / "learned_abs"
+    model, cfg = trained.load_run_model(run)
+    assert cfg["model"]["pe"] == "learned_abs" and not model.training
+    state = torch.load(run / "checkpoint.pt", weights_only=True)["model"]
+    torch.testing.assert_close(model.state_dict()["pos_embed"], state["pos_embed"])
+    f = trained.export_weights(run, tmp_path / "w.pt")
+    small, _ = trained.load_weights(f)
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(small(x), model(x), atol=2e-2, rtol=2e-2)  # float16 storage
+    with pytest.raises(ValueError, match="export_weights"):
+        trained.load_weights(run / "checkpoint.pt")
