@@ -89,3 +89,17 @@ def test_report_of_an_empty_or_missing_folder(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert report.main([str(tmp_path / "empty")]) == 2
     assert "holds no runs" in capsys.readouterr().err
+
+
+def test_a_detection_sweep_reports_its_primary_metric(tmp_path):
+    """Task-agnostic: the primary metric named by the runs' summaries (AP for detection) is the value."""
+    s = tmp_path / "det"
+    make_run(s, "sine", 0, {32: 0.30, 48: 0.20}, metric="AP", vary={"detr.pe_at": "input"})
+    make_run(s, "sine", 1, {32: 0.40, 48: 0.10}, metric="AP", vary={"detr.pe_at": "input"})
+    make_run(s, "none", 0, {32: 0.10, 48: 0.05}, metric="AP", vary={"detr.query_pos_at": "input"})
+    df = collect.collect(s)
+    assert set(df["metric"]) == {"AP"} and "AP" in df.columns and "detr.pe_at" in df.columns
+    assert df.loc[df["run"] == "sine+pe_at-input_seed1", "value"].tolist() == [0.40, 0.10]
+    text = report.write_report(s).read_text()
+    assert "| encoding | seeds | AP @32px (train) | AP @48px |" in text
+    assert "| sine [pe_at=input] | 2 | 0.350 ± 0.071 |" in text and "| none [query_pos_at=input] | 1 |" in text

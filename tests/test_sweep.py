@@ -85,6 +85,11 @@ def test_grid_order_names_and_vary():
     o = pts[3].overrides(Path("/s"))
     assert "model.pe=peg" in o and "train.seed=0" in o and "model.pe_kwargs.padding_mode=none" in o
     assert "train.out_dir=/s" in o and f"train.run_name={pts[3].name}" in o
+    (key, values), = grid.parse_vary(["detr.pe_at={encoder: none, decoder: attn},input"])  # braces keep commas
+    assert key == "detr.pe_at" and values == ["{encoder: none, decoder: attn}", "input"]
+    assert grid.Point("sine", 0, ((key, values[0]),)).name == "sine+pe_at-encoder_none_decoder_attn_seed0"
+    with pytest.raises(ValueError, match="unbalanced"):
+        grid.split_list("a,[b", "--vary")
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -30,7 +30,7 @@ class Point:
     @property
     def name(self) -> str:
         """Folder name, e.g. ``peg_seed0`` or ``peg+padding_mode-none_seed1`` (a run_name: no slashes)."""
-        parts = [self.pe] + [f"{k.rsplit('.', 1)[-1]}-{v}" for k, v in self.vary]
+        parts = [self.pe] + [f"{k.rsplit('.', 1)[-1]}-{_SAFE.sub('_', str(v)).strip('_')}" for k, v in self.vary]
         return _SAFE.sub("_", "+".join(parts)) + f"_seed{self.seed}"
 
     def overrides(self, sweep_dir: Path) -> list[str]:
@@ -41,8 +41,21 @@ class Point:
 
 
 def split_list(arg: str, what: str) -> list[str]:
-    """``"a,b, c"`` -> ``["a", "b", "c"]``; an empty item or list is a ValueError naming ``what``."""
-    items = [s.strip() for s in str(arg).split(",")]
+    """``"a,b, c"`` -> ``["a", "b", "c"]``, commas inside ``[...]`` / ``{...}`` kept (``"[1,2],{a: 1, b: 2}"``
+    is two items); an empty item or list, or unbalanced brackets, is a ValueError naming ``what``."""
+    items, depth, cur = [], 0, ""
+    for ch in str(arg):
+        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(ch, 0)
+        if depth < 0:
+            break
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if depth != 0:
+        raise ValueError(f"{what}={arg!r}: unbalanced brackets")
+    items = [s.strip() for s in items + [cur]]
     if not items or any(not s for s in items):
         raise ValueError(f"{what}={arg!r}: expected a comma-separated list of non-empty items, e.g. a,b")
     return items
