@@ -23,6 +23,7 @@ sys.path.insert(0, str(HERE.parents[1]))  # this checkout's vispe
 from vispe import report  # noqa: E402
 
 TASKS = ("digits_cell", "digits_relative", "digits_content_position", "digits_class")
+SWEEPS = TASKS + ("shapes_detr",)
 MAIN = ("none", "sine", "learned_abs", "sincos2d", "rope_axial", "rope_mixed", "relbias", "peg")
 RESOLUTION = ("learned_abs", "rope_axial", "rope_mixed", "none")
 CHANCE = {"digits_cell": 1 / 9, "digits_relative": 1 / 4, "digits_content_position": 1 / 20, "digits_class": 1 / 10}
@@ -51,6 +52,30 @@ def progress(df: pd.DataFrame) -> str:
     text = f"{len(fin)} of {len(runs)} started grid points finished ({hours:.1f} h of wall time on the shared CPU)"
     missing = runs[runs["status"] != "finished"]["run"].tolist()
     return text + (f"; not finished here: {', '.join(missing)}." if missing else ".")
+
+
+DETR_ROWS = [  # (DETR Table 3 row, group label in the sweep's report, published AP / AP50)
+    ("none / none (queries learned at input)", "none [query_pos_at=input]", "32.8 / 55.2"),
+    ("sine at input / sine at input", "sine [pe_at=input, query_pos_at=input]", "39.2 / 60.0"),
+    ("learned at attn. / learned at attn.", "learned_rowcol", "39.6 / 60.7"),
+    ("none / sine at attn.", "sine [pe_at={encoder: none, decoder: attn, queries: attn}]", "39.3 / 60.3"),
+    ("sine at attn. / sine at attn. (default)", "sine", "40.6 / 61.6"),
+]
+
+
+def detr_table() -> str:
+    df = load("shapes_detr")
+    lines = ["| spatial pos. enc. (encoder / decoder) | here: AP | here: AP50 | seeds | DETR R50 AP / AP50 (published) |",
+             "|---|---|---|---|---|"]
+    fin = None if df is None else report.add_group(df[(df["status"] == "finished") & df["is_train_size"].astype(bool)])
+    for row, group, paper in DETR_ROWS:
+        g = None if fin is None else fin[fin["group"] == group]
+        if g is None or g.empty:
+            lines.append(f"| {row} | pending | pending | 0 | {paper} |")
+            continue
+        cell = lambda c: report.fmt(g[c].mean(), g[c].std(), len(g))  # noqa: E731
+        lines.append(f"| {row} | {cell('AP')} | {cell('AP50')} | {len(g)} | {paper} |")
+    return "\n".join(lines)
 
 
 REST = ("learned_rowcol", "axis2d", "normidx2d", "fourier", "relbias_axis", "irpe", "log_cpb")
@@ -225,7 +250,7 @@ def leakage_table4() -> str:
 
 BLOCKS = {**{f"main:{t}": (lambda t=t: main_table(t)) for t in TASKS},
           **{f"resolution:{t}": (lambda t=t: resolution_table(t)) for t in TASKS},
-          "peg": peg_table, "status": status_table, "redgreen": redgreen_table, "islam_table1": leakage_table1,
+          "peg": peg_table, "status": status_table, "detr": detr_table, "redgreen": redgreen_table, "islam_table1": leakage_table1,
           "islam_table4": leakage_table4}
 
 
@@ -244,7 +269,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     (HERE / "data").mkdir(exist_ok=True)
     (HERE / "figures").mkdir(exist_ok=True)
-    for task in TASKS:
+    for task in SWEEPS:
         sweep = Path(args.sweeps) / task
         if not (sweep / "sweep.json").is_file():
             continue
