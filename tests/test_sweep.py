@@ -132,3 +132,31 @@ def test_trained_model_of_a_run_and_its_float16_weights_file(swept, tmp_path):
     torch.testing.assert_close(small(x), model(x), atol=2e-2, rtol=2e-2)  # float16 storage
     with pytest.raises(ValueError, match="export_weights"):
         trained.load_weights(run / "checkpoint.pt")
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_sweep_stops_the_run_with_a_checkpoint(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "stop"
+    argv = [sys.executable, "-m", "vispe.sweep", "--config", CONFIG, "--pe", "none,learned_abs", "--out", str(out),
+            "--threads", "1", *TINY, "train.epochs=200"]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = out / "none_seed0" / "train.log"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (log.is_file() and "[none] epoch 1/200" in log.read_text()):
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    text = proc.communicate(timeout=240)[0]
+    assert proc.returncode == 130, text
+    assert "SIGTERM: stopping after this step" in log.read_text()
+    assert (out / "none_seed0" / "none" / "checkpoint.pt").is_file()
+    assert not (out / "learned_abs_seed0" / "train.log").exists()  # the sweep stopped there
+    df = collect.collect(out)
+    assert df.set_index("run")["status"].to_dict() == {"none_seed0": "unfinished", "learned_abs_seed0": "not started"}
+    assert json.loads((out / "none_seed0" / "point.json").read_text())["last_rc"] == 130
+    assert os.environ.get("VISPE_TEST_SIGNAL_AT_STEP") is None

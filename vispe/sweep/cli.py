@@ -141,13 +141,18 @@ def main(argv=None) -> int:
                                                "cpus_per_task", "mem_gb", "timeout_min", "array_parallelism", "job_name")}
         results = L.run_submitit(jobs, env, args.launcher, out, opts, wait=not args.no_wait, on_done=on_done)
     df = K.collect(out)
-    failed = sorted(n for n, r in results.items() if r.get("rc") != 0)
-    record.update({"ended": P.now(), "failed": failed, "wall_s": {n: r.get("wall_s") for n, r in results.items()}})
+    stopped = sorted(n for n, r in results.items() if r.get("rc") == L.STOPPED)
+    failed = sorted(n for n, r in results.items() if r.get("rc") not in (0, L.STOPPED))
+    record.update({"ended": P.now(), "failed": failed, "stopped": stopped,
+                   "wall_s": {n: r.get("wall_s") for n, r in results.items()}})
     _append_invocation(out, record, replace=log)
     done = int((df.drop_duplicates("run")["status"] == "finished").sum()) if len(df) else 0
     print(f"sweep {out}: {done} of {len(points)} points finished; table {out / K.RESULTS_FILE}", flush=True)
     if failed:
         print(f"failed: {', '.join(failed)} (see each folder's train.log; rerun the command to resume)", file=sys.stderr)
+    if stopped:
+        print(f"stopped: {', '.join(stopped)}; rerun the command to resume", file=sys.stderr)
+        return L.STOPPED
     return 1 if failed else 0
 
 

@@ -33,7 +33,7 @@ def run_status(folder: Path, point: dict | None) -> str:
     st = rundir.state(folder)
     if st == "finished":
         return "finished"
-    if point and point.get("last_rc") not in (None, 0):
+    if point and point.get("last_rc") not in (None, 0, 130):  # 130: stopped by Ctrl-C / SIGTERM, resumable
         return "failed"
     return "unfinished" if st == "unfinished" else "not started"
 

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import vispe
 
 LAUNCHERS = ("local", "submitit-local", "slurm")
+STOPPED = 130  # train.py's exit status after Ctrl-C / SIGTERM (checkpoint saved)
 
 
 def train_script() -> Path:
@@ -36,7 +39,10 @@ def train_argv(config: Path, overrides: list[str]) -> list[str]:
 def run_point(argv: list[str], log_path: str, env: dict | None = None) -> dict:
     """Run one train.py command, output appended to ``log_path``; ``{"rc", "wall_s"}``.
 
-    A module-level function so that submitit can pickle it for a job.
+    Ctrl-C or SIGTERM to the sweep reaches the run (Ctrl-C through the terminal's process group,
+    SIGTERM forwarded here), which saves a checkpoint after its current step and exits with 130;
+    the sweep waits for that (a second Ctrl-C kills the run at once). A module-level function so
+    that submitit can pickle it for a job.
     """
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -44,9 +50,28 @@ def run_point(argv: list[str], log_path: str, env: dict | None = None) -> dict:
     with open(log_path, "a") as log:
         log.write(f"\n$ {' '.join(argv)}\n")
         log.flush()
-        rc = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                             cwd=str(train_script().parent))
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                cwd=str(train_script().parent))
+        forward = threading.current_thread() is threading.main_thread()
+        old = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM)) if forward else None
+        try:
+            rc = _wait(proc)
+        finally:
+            if forward:
+                signal.signal(signal.SIGTERM, old)
     return {"rc": rc, "wall_s": round(time.time() - t0, 1)}
+
+
+def _wait(proc: subprocess.Popen) -> int:
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:  # the run got the Ctrl-C too: let it save its checkpoint
+        print("\nwaiting for the run to save its checkpoint (Ctrl-C again to kill it)", flush=True)
+        try:
+            proc.wait()
+        except KeyboardInterrupt:
+            proc.kill()
+        raise
 
 
 def run_local(jobs: list[tuple[str, list[str], Path]], env: dict, on_done) -> dict:
@@ -57,8 +82,12 @@ def run_local(jobs: list[tuple[str, list[str], Path]], env: dict, on_done) -> di
         res = run_point(argv, str(folder / "train.log"), env)
         results[name] = res
         status = "done" if res["rc"] == 0 else f"FAILED (exit {res['rc']}; see {folder / 'train.log'})"
+        if res["rc"] == STOPPED:
+            status = "stopped (checkpoint saved; run the same command again to resume)"
         print(f"[{i}/{len(jobs)}] {name} {status} in {res['wall_s']:.0f}s", flush=True)
         on_done(name, res)
+        if res["rc"] == STOPPED:  # Ctrl-C / SIGTERM: the whole sweep stops here
+            break
     return results
 
 
