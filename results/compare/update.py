@@ -3,8 +3,8 @@
     .venv/bin/python results/compare/update.py [--sweeps runs/sweeps]
 
 For each task with a sweep folder it writes the sweep's report (vispe.report), copies its tidy
-``results.csv`` to ``results/compare/data/<task>.csv`` and its metric-vs-size plot to
-``figures/``, then rewrites every block ``<!-- BEGIN name -->`` ... ``<!-- END name -->`` of the
+``results.csv`` to ``results/compare/data/<task>.csv``, the per-epoch metrics of its finished runs
+to ``data/<task>_curves.csv`` and its metric-vs-size plot to ``figures/``, then rewrites every block ``<!-- BEGIN name -->`` ... ``<!-- END name -->`` of the
 Markdown files here from those CSVs (the prose around the blocks is written by hand).
 """
 from __future__ import annotations
@@ -275,6 +275,9 @@ def main(argv=None) -> int:
             continue
         report.write_report(sweep)
         shutil.copy(sweep / "results.csv", HERE / "data" / f"{task}.csv")
+        hist = report.histories(sweep, pd.read_csv(sweep / "results.csv"))  # per-epoch metrics of finished runs
+        if not hist.empty:
+            hist.to_csv(HERE / "data" / f"{task}_curves.csv", index=False)
         if (sweep / "metric_vs_size.png").is_file():
             shutil.copy(sweep / "metric_vs_size.png", HERE / "figures" / f"{task}_vs_size.png")
     for md in sorted(HERE.glob("*.md")):
