@@ -146,7 +146,8 @@ def main(argv=None) -> int:
     record.update({"ended": P.now(), "failed": failed, "stopped": stopped,
                    "wall_s": {n: r.get("wall_s") for n, r in results.items()}})
     _append_invocation(out, record, replace=log)
-    done = int((df.drop_duplicates("run")["status"] == "finished").sum()) if len(df) else 0
+    finished = set(df[df["status"] == "finished"]["run"]) if len(df) else set()
+    done = sum(pt.name in finished for pt in points)
     print(f"sweep {out}: {done} of {len(points)} points finished; table {out / K.RESULTS_FILE}", flush=True)
     if failed:
         print(f"failed: {', '.join(failed)} (see each folder's train.log; rerun the command to resume)", file=sys.stderr)
