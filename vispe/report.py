@@ -65,7 +65,7 @@ def markdown_table(summary: pd.DataFrame, metric: str = "acc", order: list[str] 
     if summary.empty:
         return "(no finished runs)"
     sizes = sorted(summary["eval_size"].unique())
-    train = summary[summary["is_train_size"]]
+    train = summary[summary["is_train_size"].astype(bool)]
     if order is None:
         order = list(train.sort_values("mean", ascending=False)["group"]) or list(dict.fromkeys(summary["group"]))
     train_size = int(train["eval_size"].iloc[0]) if len(train) else None
@@ -101,7 +101,7 @@ def plot_vs_size(summary: pd.DataFrame, metric: str = "acc", groups: list[str] |
         ax.errorbar(rows["eval_size"].to_numpy(float), rows["mean"].to_numpy(float),
                     yerr=rows["std"].fillna(0.0).to_numpy(float), marker="o", ms=3,
                     capsize=2, label=grp)
-    train = summary[summary["is_train_size"]]
+    train = summary[summary["is_train_size"].astype(bool)]
     if len(train):
         ax.axvline(train["eval_size"].iloc[0], color="grey", ls=":", lw=1, label="training size")
     ax.set_xlabel("evaluation size (px)")

@@ -41,14 +41,14 @@ def main_table(task: str) -> str:
     summ = report.summarize(df)
     main = [g for g in summ["group"].unique() if g in MAIN]
     rest = [g for g in summ["group"].unique() if g not in MAIN]
-    order = lambda gs: list(summ[summ["is_train_size"] & summ["group"].isin(gs)].sort_values("mean", ascending=False)["group"])  # noqa: E731
+    order = lambda gs: list(summ[summ["is_train_size"].astype(bool) & summ["group"].isin(gs)].sort_values("mean", ascending=False)["group"])  # noqa: E731
     return report.markdown_table(summ, "acc", order(main) + order(rest)) + "\n\n" + progress(df)
 
 
 def progress(df: pd.DataFrame) -> str:
     runs = df.drop_duplicates("run")
     fin = runs[runs["status"] == "finished"]
-    hours = fin["wall_s"].sum() / 3600
+    hours = fin.get("wall_s", pd.Series(dtype=float)).sum() / 3600
     text = f"{len(fin)} of {len(runs)} started grid points finished ({hours:.1f} h of wall time on the shared CPU)"
     missing = runs[runs["status"] != "finished"]["run"].tolist()
     return text + (f"; not finished here: {', '.join(missing)}." if missing else ".")
@@ -91,7 +91,8 @@ def status_table() -> str:
         main = sum(f"{pe}_seed{s}" in fin for pe in MAIN for s in range(3))
         peg = sum(f"peg+padding_mode-none_seed{s}" in fin for s in range(3))
         rest = sum(f"{pe}_seed0" in fin for pe in REST)
-        hours = 0.0 if df is None else df[df["status"] == "finished"].drop_duplicates("run")["wall_s"].sum() / 3600
+        done = pd.DataFrame() if df is None else df[df["status"] == "finished"].drop_duplicates("run")
+        hours = done.get("wall_s", pd.Series(dtype=float)).sum() / 3600
         lines.append(f"| {task} | {main} / 24 | {peg} / 3 | {rest} / 7 | {hours:.1f} h |")
     return "\n".join(lines)
 
@@ -107,7 +108,7 @@ def resolution_table(task: str) -> str:
         return "(not run here)"
     order = [g for g in RESOLUTION if g in set(summ["group"])]
     table = report.markdown_table(summ, "acc", order)
-    train = summ[summ["is_train_size"]].set_index("group")["mean"]
+    train = summ[summ["is_train_size"].astype(bool)].set_index("group")["mean"]
     sizes = sorted(summ["eval_size"].unique())
     lines = ["| encoding | " + " | ".join(f"Δ @{s}px" for s in sizes) + " |", "|" + "---|" * (len(sizes) + 1)]
     for g in order:
@@ -124,7 +125,7 @@ def peg_table() -> str:
         if df is None:
             continue
         summ = report.summarize(df)
-        t = summ[summ["is_train_size"]].set_index("group")
+        t = summ[summ["is_train_size"].astype(bool)].set_index("group")
         cells = []
         for g in ("peg", "peg [padding_mode=none]", "none"):
             cells.append(report.fmt(t.loc[g, "mean"], t.loc[g, "std"], int(t.loc[g, "n"])) if g in t.index else "-")
