@@ -6,12 +6,15 @@
 
 Creates ``.venv/`` (git-ignored) with the tested versions of ``requirements.lock`` and vispe
 installed in editable mode, and reinstalls only when ``requirements.lock`` or ``pyproject.toml``
-change. Needs nothing but python3 (3.10 or newer) and access to the package index.
+change. Needs nothing but python3 (3.10 or newer) and access to the package index. After set-up
+the command runs as if started directly (``launch``): on POSIX this process is replaced by the
+environment's Python, so Ctrl-C stops the trainer cleanly (checkpoint saved) with no traceback.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
 import sys
 import venv
@@ -45,11 +48,33 @@ def ensure_venv() -> None:
     STAMP.write_text(want)
 
 
+def launch(python: str, args: list[str], *, replace: bool = os.name != "nt") -> int:
+    """Run ``python args`` so that it behaves exactly as if started directly.
+
+    POSIX (``replace``): this process becomes it (``os.execv``): same process id, the terminal's
+    Ctrl-C and a ``kill`` reach the trainer alone, which saves a checkpoint and exits 130.
+    Windows has no real exec, so a child is started and this process ignores Ctrl-C while it
+    waits (the console delivers Ctrl-C to the child too, which stops cleanly); the child's exit
+    code is returned.
+    """
+    cmd = [python, *args]
+    if replace:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(python, cmd)  # does not return
+    child = subprocess.Popen(cmd)
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return child.wait()
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 def main() -> int:
     ensure_venv()
     args = sys.argv[1:] or ["-c", "import vispe; print('vispe', vispe.__version__)"]
     os.chdir(ROOT)
-    return subprocess.call([str(PY), *args])
+    return launch(str(PY), args)
 
 
 if __name__ == "__main__":

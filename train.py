@@ -29,7 +29,7 @@ from vispe.train import distributed as D
 from vispe.train import rundir
 from vispe.train.checkpoint import CheckpointError
 from vispe.train.engine import Interrupted, resolve_amp, resolve_device
-from vispe.train.logging import atomic_write, comparison_table, plot_comparison
+from vispe.train.logging import WriteError, atomic_write, comparison_table, plot_comparison
 from vispe.train.runner import SetupError, build_data, build_model, run_encoding
 from vispe.train.tasks import get_task
 
@@ -65,13 +65,13 @@ def main(argv=None) -> int:
         pes = C.encodings(cfg)
         for pe in pes:  # an unknown encoding or a bad model option fails here, before anything is written
             build_model(task, C.for_encoding(cfg, pe), data)
-        action, notes = rundir.plan(cfg, resume=args.resume)
+        action, notes = rundir.plan(cfg, resume=args.resume, smoke=args.smoke)
         D.barrier()
         out = rundir.run_dir(cfg)
         if dist.is_main:
             for note in notes:
                 print(note, flush=True)
-            rundir.execute(cfg, action)
+            rundir.execute(cfg, action, smoke=args.smoke)
             print(f"run folder: {out}  (encodings: {', '.join(pes)}; world size {dist.world_size})", flush=True)
         D.barrier()
         summaries, histories, trained = {}, {}, False
@@ -100,6 +100,9 @@ def main(argv=None) -> int:
         if os.environ.get("VISPE_TRACEBACK"):
             traceback.print_exc()
         return 2
+    except WriteError as e:  # full disk, read-only folder: the last checkpoint and the logs stay as they are
+        print(f"train.py: error: {e}", file=sys.stderr, flush=True)
+        return 1
     except (FloatingPointError, DataFileError) as e:  # diverged, or a bad data file: checkpoints and logs stay
         print(f"train.py: error: {e}", file=sys.stderr, flush=True)
         if isinstance(e, DataFileError):

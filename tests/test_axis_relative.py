@@ -230,7 +230,7 @@ def paper_delta(i: int, j: int, k: int) -> int:
 def test_deberta_matches_the_paper_formula():
     q, k, _ = qkv(b=1)
     kmax = 4
-    m = DebertaRelative(3, 8, kmax, init_std=1.0).double()
+    m = DebertaRelative(3, 8, kmax, p2c_convention="paper", init_std=1.0).double()
     qr = m.w_qr(m.rel_embed).view(2 * kmax, 3, 8)
     kr = m.w_kr(m.rel_embed).view(2 * kmax, 3, 8)
     got = m(q, k, QP, KP)
@@ -241,9 +241,53 @@ def test_deberta_matches_the_paper_formula():
                 a = (q[0, h, i] @ k[0, h, j] + q[0, h, i] @ kr[paper_delta(pi, pj, kmax), h]
                      + k[0, h, j] @ qr[paper_delta(pj, pi, kmax), h])
                 torch.testing.assert_close(got[0, h, i, j], a / math.sqrt(3 * 8))
+    code = DebertaRelative(3, 8, kmax, init_std=1.0).double()
+    code.load_state_dict(m.state_dict())
+    assert not torch.allclose(code(q, k, QP, KP), got)  # the default (code) convention differs from the paper's
     only_c2p = DebertaRelative(3, 8, kmax, position_terms=("c2p",))
     assert only_c2p.w_qr is None and set(only_c2p.terms(q.float(), k.float(), QP, KP)) == {"c2c", "c2p"}
     assert only_c2p.scale == pytest.approx(1 / math.sqrt(2 * 8))
+
+
+def hf_p2c_reference(k, qr, n, kmax):
+    """A faithful copy of the original code / HF transformers' position-to-content term: the
+    (key x 2k) scores gathered at clamp(-(i - j) + k) on the key's rows, then transposed."""
+    rel = torch.arange(n)[:, None] - torch.arange(n)[None, :]  # (N, N), i - j (build_relative_position)
+    p2c_pos = torch.clamp(-rel + kmax, 0, 2 * kmax - 1)  # (N, N)
+    p2c_att = torch.matmul(k, qr.transpose(-1, -2))  # (B, H, Nk, 2k)
+    return torch.gather(p2c_att, -1, p2c_pos.expand(k.shape[0], k.shape[1], n, n)).transpose(-1, -2)
+
+
+def test_deberta_code_convention_matches_transformers():
+    """The default p2c convention is what pretrained DeBERTa weights need: checked against a copy of
+    the reference formula and against transformers' own DisentangledSelfAttention."""
+    from transformers import DebertaConfig
+    from transformers.models.deberta.modeling_deberta import DisentangledSelfAttention, build_relative_position
+
+    torch.manual_seed(0)
+    kmax, n, H, d = 4, 6, 3, 8
+    m = DebertaRelative(H, d, kmax, init_std=1.0).double()
+    with torch.no_grad():
+        m.w_kr.bias.zero_()  # DeBERTa's pos_proj has no bias
+    q, k = torch.randn(2, H, n, d, dtype=torch.float64), torch.randn(2, H, n, d, dtype=torch.float64)
+    pos = torch.arange(n)
+    qr = m.w_qr(m.rel_embed).view(2 * kmax, H, d).transpose(0, 1)  # (H, 2k, d)
+    want_p2c = hf_p2c_reference(k, qr, n, kmax)
+    torch.testing.assert_close(m.terms(q, k, pos, pos)["p2c"], want_p2c)
+
+    cfg = DebertaConfig(hidden_size=H * d, num_attention_heads=H, relative_attention=True,
+                        max_relative_positions=kmax, pos_att_type=["c2p", "p2c"], attention_probs_dropout_prob=0.0)
+    hf = DisentangledSelfAttention(cfg).double()
+    with torch.no_grad():
+        hf.pos_proj.weight.copy_(m.w_kr.weight)
+        hf.pos_q_proj.weight.copy_(m.w_qr.weight)
+        hf.pos_q_proj.bias.copy_(m.w_qr.bias)
+    q_scaled = q / math.sqrt(3 * d)  # transformers scales q (and the position queries) before the terms
+    bias = hf.disentangled_att_bias(q_scaled, k, build_relative_position(q, k), m.rel_embed, 3)
+    torch.testing.assert_close(m(q, k, pos, pos), q_scaled @ k.transpose(-1, -2) + bias)
+    paper = DebertaRelative(H, d, kmax, p2c_convention="paper").double()
+    paper.load_state_dict(m.state_dict())
+    assert not torch.allclose(paper(q, k, pos, pos), m(q, k, pos, pos))
 
 
 # --- ALiBi ---------------------------------------------------------------------------------------

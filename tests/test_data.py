@@ -342,8 +342,14 @@ def test_cifar_failed_download_is_a_clear_error(tmp_path, monkeypatch):
         raise urllib.error.URLError("network unreachable")
 
     monkeypatch.setattr(cifar_mod.tv_utils, "download_and_extract_archive", offline)
-    with pytest.raises(FileNotFoundError, match=r"download into .* failed \(URLError.*download it by hand"):
+    with pytest.raises(FileNotFoundError, match=r"download into .* failed \(URLError.*download it by hand") as e:
         build_dataset("cifar10", "train", root=tmp_path, download=True)
+    assert "pass download=True" not in str(e.value)  # it was already True (issue 19, item 10)
+    # a download that "succeeds" but leaves the files missing: no advice to pass download=True either
+    monkeypatch.setattr(cifar_mod.tv_utils, "download_and_extract_archive", lambda *a, **k: None)
+    with pytest.raises(FileNotFoundError, match=r"not found: expected .*download=True did not") as e:
+        build_dataset("cifar10", "train", root=tmp_path, download=True)
+    assert "pass download=True" not in str(e.value)
 
 
 def test_cifar_truncated_or_bad_batch_names_the_file(tmp_path, mini):

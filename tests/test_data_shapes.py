@@ -141,7 +141,7 @@ def test_rendered_objects_follow_the_documented_rules():
         pixels, objects = shapes.render_image(np.random.default_rng([0, 0, i]), opts)
         h, w = pixels.shape[:2]
         sizes.add((h, w))
-        assert 96 <= h <= 160 and 96 <= w <= 160 and len(objects) <= 4
+        assert 64 <= h <= 96 and 64 <= w <= 96 and len(objects) <= 4
         empty += not objects
         union = np.zeros((h, w), dtype=bool)
         for cat, mask in objects:
@@ -152,7 +152,7 @@ def test_rendered_objects_follow_the_documented_rules():
             assert len(colours) == 1  # one solid colour ...
             ys, xs = np.nonzero(mask)
             y0, y1, x0, x1 = ys.min(), ys.max() + 1, xs.min(), xs.max() + 1
-            assert 6 <= y1 - y0 <= 60 and 6 <= x1 - x0 <= 60
+            assert 6 <= y1 - y0 <= 40 and 6 <= x1 - x0 <= 40
             ring = np.zeros((h, w), dtype=bool)  # ... far from the background right around it
             ring[max(y0 - 2, 0):y1 + 2, max(x0 - 2, 0):x1 + 2] = True
             ring &= ~union
@@ -198,7 +198,7 @@ def test_read_through_the_coco_loader_in_padded_batches(tmp_path):
     items = [ds[i] for i in range(len(ds))]
     for image, t in items:
         h, w = image.shape[1:]
-        assert min(h, w) == 128 or max(h, w) in (191, 192)  # the set's default sizes
+        assert min(h, w) == 64 or max(h, w) in (95, 96)  # the set's default sizes
         assert set(t["labels"].tolist()) <= {1, 2, 3, 4, 5}
     images, mask, targets = collate_detection(items, size_divisibility=32)
     assert len(targets) == 4 and images.shape[-2] % 32 == 0 and images.shape[-1] % 32 == 0
@@ -209,5 +209,42 @@ def test_read_through_the_coco_loader_in_padded_batches(tmp_path):
     assert len({tuple(train[i][0].shape) for i in range(6)}) > 1
     with pytest.raises(ValueError, match="unknown option n_test=3"):
         build_detection_dataset("shapes", "val", root=tmp_path / "s", n_test=3)
-    with pytest.raises(ValueError, match="max_object=200: expected at most min_side=96"):
+    with pytest.raises(ValueError, match="max_object=200: expected at most min_side=64"):
         detection_info("shapes", max_object=200)
+
+
+def test_colours_by_class_and_desaturated_backgrounds():
+    """Default: each class has its own hue (saturated objects) on greyish textured backgrounds."""
+    import colorsys
+
+    opts = shapes.shapes_options({})
+    hues = {c: [] for c in shapes.CATEGORIES}
+    bg_sat, fg_sat = [], []
+    for i in range(60):
+        pixels, objects = shapes.render_image(np.random.default_rng([1, i]), opts)
+        union = np.zeros(pixels.shape[:2], dtype=bool)
+        for cat, mask in objects:
+            r, g, b = pixels[mask][0] / 255.0
+            h, s, _ = colorsys.rgb_to_hsv(r, g, b)
+            if s > 0.3:  # a rare fallback colour (the complement of the background) is not the class's hue
+                hues[cat].append(h)
+            fg_sat.append(s)
+            union |= mask
+        rgb = pixels[~union].astype(float)
+        bg_sat.append(((rgb.max(-1) - rgb.min(-1)) / np.maximum(rgb.max(-1), 1)).mean())
+    for cat, hs in hues.items():
+        centre = (cat - 1) / len(shapes.CATEGORIES)
+        dist = [min(abs(h - centre), 1 - abs(h - centre)) for h in hs]
+        assert len(hs) > 5 and max(dist) <= 0.045, (cat, max(dist))
+    assert np.mean(bg_sat) < 0.25 and np.mean(fg_sat) > 0.5
+    rand = shapes.shapes_options({"colours": "random", "bg_saturation": 1.0})
+    sat = []
+    for i in range(20):
+        pixels, objects = shapes.render_image(np.random.default_rng([1, i]), rand)
+        rgb = pixels.reshape(-1, 3).astype(float)
+        sat.append(((rgb.max(-1) - rgb.min(-1)) / np.maximum(rgb.max(-1), 1)).mean())
+    assert np.mean(sat) > np.mean(bg_sat) + 0.05
+    with pytest.raises(ValueError, match=r"texture=1.5: expected a number in \[0, 1\]"):
+        shapes.shapes_options({"texture": 1.5})
+    with pytest.raises(ValueError, match=r"colours='rainbow': expected one of 'by_class', 'random'"):
+        shapes.shapes_options({"colours": "rainbow"})

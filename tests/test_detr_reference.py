@@ -147,3 +147,11 @@ def test_load_errors_name_the_key():
         load_detr({"foo.weight": torch.zeros(1)})
     with pytest.raises(ValueError, match="no such file"):
         load_detr("/nonexistent/detr.pth")
+
+
+def test_learned_position_embedding_parity():
+    """transformers' learned row/column tables (x first, 50 x d/2 each) load into learned_rowcol(axis_order="xy")."""
+    hf = hf_detr(seed=5, position_embedding_type="learned")
+    model = load_detr(hf)
+    assert model.pe_name == "learned_rowcol" and model.pe.axis_order == "xy"
+    compare(model, hf)

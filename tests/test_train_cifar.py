@@ -38,8 +38,8 @@ def run(tmp_path_factory):
 
 def test_run_folder_holds_every_artefact(run):
     out, _ = run
-    assert sorted(p.name for p in out.iterdir()) == ["comparison.md", "comparison.png", "config.yaml", "learned_abs",
-                                                     "none", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == [".vispe-smoke-run", "comparison.md", "comparison.png", "config.yaml",
+                                                     "learned_abs", "none", "summary.json"]  # a --smoke run: marked
     for pe in ("learned_abs", "none"):
         sub = out / pe
         assert {"checkpoint.pt", "config.yaml", "curves.png", "metrics.csv", "summary.json", "tb"} <= {p.name for p in sub.iterdir()}

@@ -157,3 +157,39 @@ def test_cuda_or_fp16_on_a_machine_without_cuda(tmp_path, capsys):
     _fails([f"train.out_dir={tmp_path}", *TINY, "train.device=cuda"], capsys, "train.device='cuda'", "no CUDA")
     _fails([f"train.out_dir={tmp_path}", *TINY, "train.amp=fp16"], capsys, "train.amp='fp16'", "CUDA")
     assert not list(tmp_path.iterdir())
+
+
+def test_a_smoke_run_replaces_the_previous_smoke_run_but_never_a_real_one(tmp_path, capsys):
+    """Issue 19, item 8: re-running a finished ``--smoke`` command works as is."""
+    args = ["--smoke", f"train.out_dir={tmp_path}", *TINY]
+    assert main(args) == 0
+    assert main(args) == 0
+    assert "replacing the previous smoke run" in capsys.readouterr().out
+    assert not list(tmp_path.glob("*.bak-*")) and (tmp_path / "default_smoke" / "summary.json").is_file()
+    # a smoke command pointed at a real run's folder is refused as before, the run kept
+    assert main([f"train.out_dir={tmp_path}", *TINY, "train.run_name=real"]) == 0
+    before = _fingerprint(tmp_path / "real")
+    capsys.readouterr()
+    _fails(args + ["train.run_name=real"], capsys, "already holds a finished run", "not a smoke run")
+    assert _fingerprint(tmp_path / "real") == before
+
+
+def test_non_finite_inputs_stop_training_with_a_message_about_the_data(tmp_path, capsys, monkeypatch):
+    """Issue 19, item 6: NaN in the training images is reported as a data problem, not only as a
+    NaN loss (the loss is checked every train.log_every steps; the inputs of every step count)."""
+    from vispe.train import loaders
+
+    real = loaders.train_loader
+
+    def poisoned(*args, **kwargs):
+        for i, (x, y) in enumerate(real(*args, **kwargs)):
+            if i == 1:
+                x = x.clone()
+                x[0, 0, 0, 0] = float("nan")
+            yield x, y
+
+    monkeypatch.setattr(loaders, "train_loader", poisoned)
+    assert main([f"train.out_dir={tmp_path}", *TINY, "train.epochs=2", "train.log_every=100"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("train.py: error: ")
+    assert "NaN or inf" in err and "input" in err and "data.name='digits_cell'" in err, err

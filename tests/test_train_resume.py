@@ -34,7 +34,7 @@ def setup(tmp_path_factory):
             "data.kwargs.verify_md5=false", f"train.out_dir={tmp / 'runs'}", "train.progress=false",
             "data.batch_size=16", "train.epochs=2", "train.ckpt_every_steps=3", "model.drop_path_rate=0.1",
             "model.embed_dim=32", "model.num_heads=2", "model.depth=2", "train.eval_sizes=[1.0,1.5]",
-            "optim.warmup_epochs=0.5"]
+            "optim.warmup_epochs=0.5", "train.log_every=1"]
     main = load_train_main()
     assert main(args + ["train.run_name=straight"]) == 0  # 7 steps per epoch, 14 in all
     return tmp, args, main
@@ -49,6 +49,24 @@ def _results(run: Path):
     return final, summary["eval"], rows, weights
 
 
+def _tensorboard(run: Path) -> dict:
+    """Every TensorBoard scalar of the run as it reads back: {tag: [(step, value), ...]} (timings left out)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "learned_abs" / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]
+            if not tag.endswith(TIMING)}
+
+
+def _assert_same_tensorboard(straight: Path, resumed: Path):
+    a, b = _tensorboard(straight), _tensorboard(resumed)
+    assert "epoch/test_acc" in a and len(a["train/loss"]) == 14
+    assert a.keys() == b.keys()
+    for tag in a:
+        assert a[tag] == b[tag], f"TensorBoard {tag}: uninterrupted {a[tag]} vs resumed {b[tag]}"
+
+
 def _assert_same(a, b):
     assert a[0] == b[0], "final metrics differ"
     assert a[1] == b[1], "multi-size evaluation differs"
@@ -58,17 +76,20 @@ def _assert_same(a, b):
 
 def test_sigkill_mid_epoch_then_resume_equals_uninterrupted(setup):
     tmp, args, main = setup
-    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "VISPE_TEST_SIGNAL_AT_STEP": "10:KILL"}  # step 10 = batch 3 of epoch 2
+    # step 8 = batch 1 of epoch 2: the last checkpoint is epoch 1's, written at step 7, the step of
+    # that epoch's TensorBoard scalars (issue 19, item 2: a resume purged them)
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "VISPE_TEST_SIGNAL_AT_STEP": "8:KILL"}
     proc = subprocess.run([sys.executable, str(ROOT / "train.py"), *args, "train.run_name=killed"],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     run = tmp / "runs" / "killed"
     state = torch.load(run / "learned_abs" / "checkpoint.pt", weights_only=True)
-    assert state["progress"]["step"] == 9 and state["progress"]["epoch"] == 1 and state["progress"]["batch"] == 2
+    assert state["progress"]["step"] == 7 and state["progress"]["epoch"] == 1 and state["progress"]["batch"] == 0
     assert not list(run.glob("**/*.tmp"))  # no half-written file left behind
     assert not (run / "learned_abs" / "summary.json").exists()
     assert main(args + ["train.run_name=killed", "--resume"]) == 0
     _assert_same(_results(tmp / "runs" / "straight"), _results(run))
+    _assert_same_tensorboard(tmp / "runs" / "straight", run)
 
 
 def test_ctrl_c_saves_a_checkpoint_and_resume_equals_uninterrupted(setup, monkeypatch, capsys):
@@ -82,6 +103,7 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_equals_uninterrupted(setup, monkey
     monkeypatch.delenv("VISPE_TEST_SIGNAL_AT_STEP")
     assert main(args + ["train.run_name=ctrlc", "--resume"]) == 0
     _assert_same(_results(tmp / "runs" / "straight"), _results(tmp / "runs" / "ctrlc"))
+    _assert_same_tensorboard(tmp / "runs" / "straight", tmp / "runs" / "ctrlc")
 
 
 def test_resume_of_a_finished_run_trains_nothing_and_can_extend_it(setup, capsys):
@@ -96,7 +118,25 @@ def test_resume_of_a_finished_run_trains_nothing_and_can_extend_it(setup, capsys
     assert [(tmp / "runs/extended" / f).read_bytes() for f in files] == before
     # more epochs: training continues from the last checkpoint (train.epochs may change on resume)
     assert main(args + ["train.run_name=extended", "--resume", "train.epochs=3"]) == 0
+    out = capsys.readouterr().out
+    assert "learning-rate schedule" in out and "min_lr" in out  # says what it does (issue 19, item 7)
     summary = json.loads((tmp / "runs/extended/learned_abs/summary.json").read_text())
     assert summary["epochs"] == 3 and summary["steps"] == 21 and summary["final"]["epoch"] == 3
     # the first two epochs are the original ones (a restart would differ: its schedule spans 3 epochs)
     assert _results(tmp / "runs/extended")[2][:2] == _results(tmp / "runs/straight")[2]
+    # the schedule had reached optim.min_lr: the new epoch stays there (no jump back up the cosine)
+    lrs = dict(_tensorboard(tmp / "runs/extended")["train/lr"])
+    assert lrs[14] == pytest.approx(1e-5, rel=1e-4)
+    assert [lrs[s] for s in range(15, 22)] == pytest.approx([1e-5] * 7, rel=1e-4)
+
+
+def test_resume_with_fewer_epochs_than_done_is_refused(setup, capsys):
+    tmp, args, main = setup
+    shutil.copytree(tmp / "runs/straight", tmp / "runs/shorter")
+    for f in (tmp / "runs/shorter").glob("**/config.yaml"):
+        f.write_text(f.read_text().replace("run_name: straight", "run_name: shorter"))
+    for f in (tmp / "runs/shorter").glob("**/summary.json"):  # as if stopped before its final evaluation
+        f.unlink()
+    assert main(args + ["train.run_name=shorter", "--resume", "train.epochs=1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("train.py: error: ") and "train.epochs=1" in err and "14 steps" in err, err

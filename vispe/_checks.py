@@ -8,6 +8,8 @@ from typing import Iterable, Sequence
 
 import torch
 
+from vispe import _tracing
+
 
 def positive_int(name: str, value, *, allow_zero: bool = False) -> int:
     """Return ``value`` as an int, or raise if it is not a (strictly) positive integer."""
@@ -40,14 +42,23 @@ def choice(name: str, value, choices: Iterable) -> object:
 
 
 def grid_shape(name: str, value) -> tuple[int, int]:
-    """An (h, w) pair of positive ints (an int n means (n, n))."""
-    if isinstance(value, int) and not isinstance(value, bool):
+    """An (h, w) pair of positive ints (an int n means (n, n)).
+
+    Sizes being recorded by torch.export / torch.compile (``torch.SymInt``) are kept symbolic, so
+    the recorded graph stays valid at every size; ``torch.jit.trace``, which would record them as
+    constants, is refused (``vispe._tracing.refuse_jit_trace``).
+    """
+    _tracing.refuse_jit_trace("a vispe encoding")
+    if isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool):
         value = (value, value)
     if not isinstance(value, Sequence) or len(value) != 2:
         raise ValueError(f"{name}={value!r}: expected an (h, w) pair of positive integers")
-    h, w = (int(v) if isinstance(v, torch.SymInt) else v for v in value)
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (h, w)):
-        raise ValueError(f"{name}={value!r}: expected an (h, w) pair of positive integers")
+    h, w = value
+    for v in (h, w):
+        if isinstance(v, torch.SymInt):
+            _tracing.check(v > 0, f"{name}={value!r}: expected an (h, w) pair of positive integers")
+        elif not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+            raise ValueError(f"{name}={value!r}: expected an (h, w) pair of positive integers")
     return h, w
 
 

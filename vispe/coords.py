@@ -44,7 +44,7 @@ def _axis(n: int, mode: str, patch_size: float, device) -> torch.Tensor:
     if mode == "index":
         return i
     if mode == "normalized":
-        return i / (n - 1) if n > 1 else torch.zeros_like(i)
+        return i / torch.sym_max(n - 1, 1)  # 0 for a length-1 axis, no branch on n (export)
     if mode == "centered":
         return (i + 0.5) / n * 2 - 1
     return (i + 0.5) * patch_size  # pixel

@@ -29,6 +29,15 @@ Grid change: every encoding accepts any ``(h, w)`` at run time (fixed tables rec
 tables resample, relative tables re-index or resize) or raises a ValueError that says why.
 ``resize_(shape)`` makes a learned table's stored size ``shape`` permanently (load time).
 
+Checkpoints know their grid: an encoding whose learned tables are built for a grid says which in
+``table_grid()``, and its state_dict records it under the key ``table_grid`` ((2,) long tensor,
+(h, w); kept in the state_dict's ``_metadata`` instead where a model must keep foreign keys, as
+a ViT's timm ``pos_embed``). Loading a state_dict saved at another grid calls ``load_grid_``,
+which resizes the tables by the encoding's own rule or raises a ValueError naming both grids,
+never reads a table with another grid's axes because the sizes match (8x12 vs 12x8). A state_dict
+without a record (older, or timm's) gets the grid from ``infer_grid`` (the table shapes where they
+tell it; else the encoding's own grid when the size matches, or a square grid, as timm assumes).
+
 Numerics: tables and angles are computed in float32 on the target device, even under autocast,
 and cast to ``dtype`` at the end. Tables that do not learn live in a cache keyed by
 (h, w, device, dtype), never in the state_dict.
@@ -41,7 +50,11 @@ from typing import Callable, ClassVar
 import torch
 from torch import nn
 
+from vispe import _tracing
+
 FAMILIES = ("additive", "rotary", "bias", "conditional", "none")
+#: state_dict key (and ``_metadata`` entry) of the grid an encoding's learned tables are built for
+GRID_KEY = "table_grid"
 
 
 class PositionEncoding(nn.Module):
@@ -51,6 +64,8 @@ class PositionEncoding(nn.Module):
     registry_name: ClassVar[str] = ""
     #: whether positions are counted over each image's valid (unpadded) area when a mask is given
     mask_aware: ClassVar[bool] = False
+    #: the setting that makes an instance mask-aware when the class is not always (e.g. "mask_aware=True")
+    mask_aware_option: ClassVar[str] = ""
 
     def __init__(self) -> None:
         super().__init__()
@@ -59,9 +74,10 @@ class PositionEncoding(nn.Module):
     def cached(self, key: tuple, fn: Callable[[], torch.Tensor], max_items: int = 16) -> torch.Tensor:
         """Memoise a table that does not learn, keyed by ``key`` (include h, w, device, dtype).
 
-        Only for tables that do not learn: a learned table must be recomputed every step.
+        Only for tables that do not learn: a learned table must be recomputed every step. Not
+        used while torch.compile / torch.export record (sizes may be symbolic, see ``vispe._tracing``).
         """
-        if torch.compiler.is_compiling():
+        if _tracing.is_tracing():
             return fn()
         if key in self._cache:
             self._cache.move_to_end(key)
@@ -90,9 +106,46 @@ class PositionEncoding(nn.Module):
         p = next(self.parameters(), None)
         return p.device if p is not None else torch.device("cpu")
 
+    def __prepare_scriptable__(self):  # torch.jit.script: a clear error (vispe._tracing)
+        _tracing.refuse_script(f"the {self.registry_name or type(self).__name__} encoding")
+
     def resize_(self, shape: tuple[int, int]) -> "PositionEncoding":
         """Make stored tables fit grid ``shape``; fixed encodings have nothing to do."""
         return self
+
+    # --- checkpoints that know their grid (module docstring) -----------------------------------
+    def table_grid(self) -> tuple[int, int] | None:
+        """The (h, w) grid the learned tables are built for; None when none depends on a grid."""
+        return None
+
+    def infer_grid(self, state_dict: dict, prefix: str) -> tuple[int, int] | None:
+        """The grid of a state_dict that has no record (None: its tables are absent)."""
+        return self.table_grid()
+
+    def load_grid_(self, state_dict: dict, prefix: str, saved: tuple[int, int]) -> None:
+        """Bring the tables of ``state_dict`` (keys ``prefix + name``), saved for grid ``saved``, to
+        ``table_grid()`` in place, by the encoding's own rule; this default refuses."""
+        raise ValueError(f"{prefix or 'state_dict'}: the learned tables were saved for grid {saved}, this "
+                         f"{type(self).__name__} is built for grid {self.table_grid()} and cannot resize them")
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        grid = self.table_grid()
+        if grid is not None:
+            destination[prefix + GRID_KEY] = torch.tensor(grid, dtype=torch.long)  # (2,) as (h, w)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        grid = self.table_grid()
+        if grid is not None:
+            record = state_dict.pop(prefix + GRID_KEY, None)  # load_state_dict works on its own copy
+            if record is None:
+                record = local_metadata.get(GRID_KEY)
+            saved = self.infer_grid(state_dict, prefix) if record is None else tuple(int(v) for v in record)
+            if saved is not None and saved != tuple(grid):
+                self.load_grid_(state_dict, prefix, saved)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
 
     def extra_repr(self) -> str:
         return f"family={self.family}"
@@ -101,6 +154,10 @@ class PositionEncoding(nn.Module):
 class AdditiveEncoding(PositionEncoding):
     family = "additive"
     dim: int
+    #: whether a model gives this encoding its prefix (class, register) tokens by default, i.e. builds
+    #: it with ``num_prefix_tokens = P`` so that they get learned position vectors (``learned_abs``,
+    #: timm's layout); the others give prefix tokens no position unless asked
+    learned_prefix: ClassVar[bool] = False
 
     def prefix(self, *, device=None, dtype=None) -> torch.Tensor | None:  # (1, P, dim) or None
         return None

@@ -12,7 +12,16 @@ the logits are
 
     A_ij = q^c_i . k^c_j                      content-to-content (c2c)
          + q^c_i . k^r_{delta(i, j)}          content-to-position (c2p)
-         + k^c_j . q^r_{delta(j, i)}          position-to-content (p2c)
+         + k^c_j . q^r_{delta(i, j)}          position-to-content (p2c), p2c_convention="code"
+         (+ k^c_j . q^r_{delta(j, i)}          p2c_convention="paper")
+
+The position-to-content index has two conventions. The paper (Eq. 4) writes delta(j, i). The
+original code (microsoft/DeBERTa ``disentangled_att_bias``) and HF transformers (``DebertaModel``,
+``DebertaV2Model``) index it with ``clamp(-(i - j) + k)`` on the key's rows and then transpose,
+i.e. delta(i, j): the same relative embedding as c2p, read from the key's side. Pretrained DeBERTa
+weights were trained with the code's, so ``p2c_convention="code"`` is the default; "paper" is the
+formula as printed (the two differ unless the table is symmetric: delta(j, i) = 2k - delta(i, j)
+inside the clipping window).
 
 scaled by ``1 / sqrt(3 d)`` (``1 / sqrt((1 + number of position terms) d)`` when a term is left
 out, as in the reference code). ``q^c``, ``k^c`` are the content projections (done by the caller).
@@ -33,6 +42,7 @@ from vispe.axis._util import check_qk, with_head_axis
 from vispe.axis.relative import relative_offsets
 
 POSITION_TERMS = ("c2p", "p2c")
+P2C_CONVENTIONS = ("code", "paper")
 
 
 def deberta_delta(q_pos: torch.Tensor, k_pos: torch.Tensor, max_distance: int) -> torch.Tensor:
@@ -55,10 +65,13 @@ class DebertaRelative(nn.Module):
 
     ``forward(q, k, q_pos, k_pos)`` gives the scaled logits; ``terms`` the unscaled c2c, c2p and
     p2c. ``position_terms`` chooses which position terms are used (both, as in the paper).
+    ``p2c_convention``: "code" (default; original code, HF transformers, pretrained weights) or
+    "paper" (module docstring).
     """
 
     def __init__(self, num_heads: int, head_dim: int, max_distance: int, *, embed_dim: int | None = None,
-                 position_terms: tuple[str, ...] = POSITION_TERMS, init_std: float = 0.02) -> None:
+                 position_terms: tuple[str, ...] = POSITION_TERMS, p2c_convention: str = "code",
+                 init_std: float = 0.02) -> None:
         super().__init__()
         self.num_heads = _checks.positive_int("num_heads", num_heads)
         self.head_dim = _checks.positive_int("head_dim", head_dim)
@@ -70,6 +83,7 @@ class DebertaRelative(nn.Module):
         if not position_terms or len(set(position_terms)) != len(position_terms):
             raise ValueError(f"position_terms={position_terms!r}: expected one or both of 'c2p', 'p2c', once each")
         self.position_terms = position_terms
+        self.p2c_convention = _checks.choice("p2c_convention", p2c_convention, P2C_CONVENTIONS)
         self.rel_embed = nn.Parameter(torch.randn(2 * max_distance, self.embed_dim) * init_std)  # (2k, D)
         self.w_qr = nn.Linear(self.embed_dim, num_heads * head_dim) if "p2c" in position_terms else None
         self.w_kr = nn.Linear(self.embed_dim, num_heads * head_dim) if "c2p" in position_terms else None
@@ -94,8 +108,11 @@ class DebertaRelative(nn.Module):
         if self.w_qr is not None:
             qr = self._project(self.w_qr, k.dtype)  # (2k, H, d)
             p2c = torch.einsum("...hkd,rhd->...hkr", k, qr)  # (B, H, Nk, 2k)
-            delta_ji = deberta_delta(k_pos, q_pos, self.max_distance)  # (..., Nk, Nq), delta(j, i)
-            out["p2c"] = _gather_pairs(p2c, delta_ji).transpose(-2, -1)  # (B, H, Nq, Nk)
+            if self.p2c_convention == "paper":
+                index = deberta_delta(k_pos, q_pos, self.max_distance)  # (..., Nk, Nq), delta(j, i)
+            else:
+                index = delta.transpose(-2, -1)  # (..., Nk, Nq), delta(i, j) seen from key j
+            out["p2c"] = _gather_pairs(p2c, index).transpose(-2, -1)  # (B, H, Nq, Nk)
         return out
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
@@ -103,4 +120,4 @@ class DebertaRelative(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"num_heads={self.num_heads}, head_dim={self.head_dim}, max_distance={self.max_distance}, "
-                f"position_terms={self.position_terms}")
+                f"position_terms={self.position_terms}, p2c_convention={self.p2c_convention!r}")

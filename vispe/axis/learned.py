@@ -10,10 +10,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from vispe import _checks
+from vispe import _checks, _tracing
 from vispe.axis._util import compute_dtype
 
 RESIZE_MODES = ("linear", "nearest", "bicubic")
@@ -26,16 +25,16 @@ def resize_table_1d(table: torch.Tensor, length: int, mode: str = "linear") -> t
     in timm/DeiT. Resizing to its own length is the identity. Computed in float32 (float64 for a
     float64 table), cast back.
     """
-    _checks.positive_int("length", length)
+    if not isinstance(length, torch.SymInt):  # a symbolic length (torch.export) is kept as is
+        _checks.positive_int("length", length)
     _checks.choice("mode", mode, RESIZE_MODES)
     if table.dim() != 2:
         raise ValueError(f"table has shape {tuple(table.shape)}: expected (length, channels)")
-    if table.shape[0] == length:
+    if _tracing.known(table.shape[0] == length):
         return table
     x = table.to(compute_dtype(table)).t()[None, :, None, :]  # (1, C, 1, L)
-    kw = {} if mode == "nearest" else {"align_corners": False, "antialias": length < table.shape[0]}
     m = {"linear": "bilinear", "bicubic": "bicubic", "nearest": "nearest"}[mode]
-    out = F.interpolate(x, size=(1, length), mode=m, **kw)  # (1, C, 1, length)
+    out = _tracing.resize(x, (1, length), mode=m, antialias="shrink", align_corners=False)  # (1, C, 1, length)
     return out[0, :, 0].t().to(table.dtype)  # (length, C)
 
 
@@ -78,11 +77,11 @@ class LearnedTable1d(nn.Module):
 
     def table(self, length: int) -> torch.Tensor:
         """The table at ``length`` entries: the stored one, or resampled to that length."""
-        if length == self.length:
+        if _tracing.known(length == self.length):
             return self.weight
-        if self.overflow == "error" and length > self.length:
-            raise ValueError(f"length={length}: the learned table holds {self.length} positions and "
-                             "overflow='error'; use overflow='interpolate' or a larger table")
+        if self.overflow == "error":
+            _tracing.check(length <= self.length, f"length={length}: the learned table holds {self.length} "
+                           "positions and overflow='error'; use overflow='interpolate' or a larger table")
         return resize_table_1d(self.weight, length, self.resize_mode)
 
     def forward(self, pos: torch.Tensor, length: int | None = None) -> torch.Tensor:

@@ -34,7 +34,8 @@ def clipped_index(offsets: torch.Tensor, max_distance: int) -> torch.Tensor:
     Fractional offsets are rounded to the nearest integer first (the table is discrete).
     """
     _checks.positive_int("max_distance", max_distance)
-    return offsets.round().long().clamp(-max_distance, max_distance) + max_distance
+    offsets = offsets.round().long() if offsets.is_floating_point() else offsets.long()  # (ONNX rounds floats only)
+    return offsets.clamp(-max_distance, max_distance) + max_distance
 
 
 def t5_bucket(offsets: torch.Tensor, *, bidirectional: bool = True, num_buckets: int = 32,

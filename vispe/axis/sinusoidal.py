@@ -33,17 +33,27 @@ def single_sinusoid(pos: torch.Tensor, frequency: float = 1.0, phase: float = 0.
     return torch.sin(pos.to(compute_dtype(pos)) * frequency + phase)[..., None]
 
 
-def sinusoid_frequencies(dim: int, temperature: float = 10000.0, *, device=None,
+def sinusoid_frequencies(dim: int, temperature: float = 10000.0, *, endpoint: bool = False, device=None,
                          dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The dim/2 frequencies of Vaswani et al.: ``omega_i = temperature^(-2i/dim)``.  # (dim/2,)"""
+    """The n = dim/2 frequencies of Vaswani et al.: ``omega_i = temperature^(-i/n)``.  # (dim/2,)
+
+    ``endpoint=True`` spaces the exponents up to and including 1 (the lowest frequency is exactly
+    1/temperature): ``omega_i = temperature^(-i/(n-1))``, big_vision's ``posemb_sincos_2d``
+    (needs n >= 2). The default (MAE, timm, Vaswani) stops one step short of it.
+    """
     _checks.divisible("dim", dim, 2, "sin/cos pairs")
     _checks.positive_float("temperature", temperature)
-    i = torch.arange(dim // 2, device=device, dtype=dtype)
-    return temperature ** (-2.0 * i / dim)
+    if not isinstance(endpoint, bool):
+        raise ValueError(f"endpoint={endpoint!r}: expected True or False")
+    n = dim // 2
+    if endpoint and n < 2:
+        raise ValueError(f"dim={dim} with endpoint=True: expected at least 2 frequencies (dim >= 4)")
+    i = torch.arange(n, device=device, dtype=dtype)
+    return temperature ** (-i / (n - 1 if endpoint else n))
 
 
 def sinusoidal(pos: torch.Tensor, dim: int, temperature: float = 10000.0,
-               layout: str = "concat") -> torch.Tensor:
+               layout: str = "concat", *, endpoint: bool = False) -> torch.Tensor:
     """Multi-frequency sinusoidal encoding (Vaswani et al., 2017, "Attention Is All You Need").
 
     ``PE(p)[2i] = sin(p * omega_i)``, ``PE(p)[2i+1] = cos(p * omega_i)``,
@@ -51,11 +61,12 @@ def sinusoidal(pos: torch.Tensor, dim: int, temperature: float = 10000.0,
 
     ``layout="interleaved"`` gives the paper's order [sin w0, cos w0, sin w1, cos w1, ...] (as in
     DETR's stacked sin/cos); ``layout="concat"`` gives [sin w0..w_{d/2-1}, cos w0..w_{d/2-1}]
-    (MAE, big_vision, timm). Returns ``pos.shape + (dim,)`` float32 (float64 for float64 ``pos``).
+    (MAE, big_vision, timm). ``endpoint``: see ``sinusoid_frequencies`` (big_vision: True).
+    Returns ``pos.shape + (dim,)`` float32 (float64 for float64 ``pos``).
     """
     _checks.choice("layout", layout, LAYOUTS)
     wd = compute_dtype(pos)
-    omega = sinusoid_frequencies(dim, temperature, device=pos.device, dtype=wd)  # (dim/2,)
+    omega = sinusoid_frequencies(dim, temperature, endpoint=endpoint, device=pos.device, dtype=wd)  # (dim/2,)
     angles = pos.to(wd)[..., None] * omega  # (..., dim/2)
     if layout == "concat":
         return torch.cat([angles.sin(), angles.cos()], dim=-1)  # (..., dim)

@@ -59,10 +59,11 @@ def default_root() -> Path:
     return Path(os.environ.get("VISPE_DATA", "data"))
 
 
-def _layout(root: Path) -> str:
+def _layout(root: Path, download: bool) -> str:
+    how = ("download=True did not produce it (is the archive's top folder renamed? is the disk full?)"
+           if download else "pass download=True to download it there")
     return (f"expected {root / FOLDER}/ holding {', '.join(TRAIN_FILES + TEST_FILES)} and {META_FILE} "
-            f"(the Python version of CIFAR-10: extract {CIFAR10.url} into {root}); "
-            "pass download=True to download it there")
+            f"(the Python version of CIFAR-10: extract {CIFAR10.url} into {root}); {how}")
 
 
 def cifar10_info(**kwargs) -> DatasetInfo:
@@ -79,12 +80,14 @@ def _ensure_files(root: Path, names: tuple[str, ...], download: bool) -> None:
                                                   md5=CIFAR10.tgz_md5)
         except (OSError, RuntimeError, ValueError) as err:
             raise FileNotFoundError(f"CIFAR-10 download into {root} failed ({type(err).__name__}: {err}); "
-                                    f"download it by hand: {_layout(root)}") from err
+                                    f"download it by hand: expected {root / FOLDER}/ holding "
+                                    f"{', '.join(TRAIN_FILES + TEST_FILES)} and {META_FILE} "
+                                    f"(extract {CIFAR10.url} into {root})") from err
     if not folder.is_dir():
-        raise FileNotFoundError(f"CIFAR-10 folder {folder} not found: {_layout(root)}")
+        raise FileNotFoundError(f"CIFAR-10 folder {folder} not found: {_layout(root, download)}")
     for name in names:
         if not (folder / name).is_file():
-            raise FileNotFoundError(f"CIFAR-10 file {folder / name} not found: {_layout(root)}")
+            raise FileNotFoundError(f"CIFAR-10 file {folder / name} not found: {_layout(root, download)}")
 
 
 def _verify_md5(root: Path, names: tuple[str, ...]) -> None:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from vispe import _checks
+from vispe.axis.learned import resize_table_1d
 from vispe.coords import VALID_MODES as COORD_MODES, float32_math, grid_coords, valid_coords  # noqa: F401
 from vispe.encoding import AdditiveEncoding
 
@@ -31,6 +32,32 @@ def axis_positions(shape: tuple[int, int], mask: torch.Tensor | None, mode: str,
         return yx[:, :1, 0].reshape(1, h, 1), yx[:1, :, 1].reshape(1, 1, w)
     yx = valid_coords(shape, mask, mode, device=device).view(mask.shape[0], h, w, 2)  # (B, h, w, 2)
     return yx[..., 0], yx[..., 1]  # (B, h, w) each
+
+
+def fit_axis_tables(state_dict: dict, prefix: str, saved: tuple[int, int], tables: dict, *,
+                    keep_first: bool) -> None:
+    """Load-time rule of per-axis learned tables saved for grid ``saved`` (``table_grid``).
+
+    ``tables`` maps a state_dict key (after ``prefix``) to this encoding's ``LearnedTable1d`` of
+    the y then the x axis. A saved table longer than this one: ``keep_first`` keeps its first
+    rows (tables read by index, DETR's row/col), else it is resampled (tables spanning the grid);
+    shorter: resampled by target size (``resize_mode``), or a ValueError naming both grids when
+    the table has ``overflow="error"``.
+    """
+    own = tuple(t.length for t in tables.values())
+    for (key, table), n_saved, n_own in zip(tables.items(), saved, own):
+        weight = state_dict.get(prefix + key)
+        if weight is None:
+            continue
+        if weight.shape[0] != n_saved:
+            raise ValueError(f"{prefix}table_grid says grid {saved}, but {prefix + key} has {weight.shape[0]} rows")
+        if n_own > n_saved and table.overflow == "error":
+            raise ValueError(f"{prefix + key} was saved for grid {saved}, shorter than this encoding's grid {own} "
+                             "and overflow='error': build it with that grid, or use overflow='interpolate'")
+        if keep_first and n_saved >= n_own:
+            state_dict[prefix + key] = weight[:n_own]
+        else:
+            state_dict[prefix + key] = resize_table_1d(weight, n_own, table.resize_mode)  # (n_own, C)
 
 
 class AdditiveBase(AdditiveEncoding):

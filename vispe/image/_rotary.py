@@ -9,6 +9,10 @@ Coordinates (``coords``, then multiplied by ``scale``), a subset of ``vispe.coor
 * ``"normalized"`` index / (n - 1), in [0, 1]
 * ``"centered"``   pixel centres in [-1, 1], (index + 0.5) / n * 2 - 1 (DINOv3-style)
 
+``ref_grid=(h0, w0)`` rescales the coordinates so that any grid spans the reference one,
+``coords * (h0 / h, w0 / w)`` (EVA-02 and timm's ``ref_feat_shape``: the pre-training grid); with
+a padding mask, (h, w) is each image's valid extent. None (default) leaves them as they are.
+
 Padding mask: positions are counted over each image's valid area (``vispe.coords.mask_coords``),
 so an image alone and the same image padded in a batch get the same angles on their valid tokens
 (for ``"index"`` this only matters when padding is not at the bottom/right; for the normalised
@@ -45,13 +49,14 @@ class RotaryBase(RotaryEncoding):
         layout: channel pairing for ``vispe.axis.rope.apply_rope``, "half" or "interleaved".
         coords, scale: coordinate convention (module docstring) and a factor applied to it.
         shift, jitter: train-time coordinate augmentation (module docstring); 0 = off.
+        ref_grid: (h0, w0) reference grid the coordinates are rescaled to (module docstring).
     """
 
     mask_aware = True
 
     def __init__(self, head_dim: int, num_heads: int, *, dim: int | None = None, grid=None,
                  num_prefix_tokens: int = 0, layout: str = "half", coords: str = "index",
-                 scale: float = 1.0, shift: float = 0.0, jitter: float = 0.0) -> None:
+                 scale: float = 1.0, shift: float = 0.0, jitter: float = 0.0, ref_grid=None) -> None:
         super().__init__()
         self.num_heads = _checks.positive_int("num_heads", num_heads)
         self.head_dim = _checks.divisible("head_dim", head_dim, 4, "2D RoPE splits the channel pairs "
@@ -67,6 +72,7 @@ class RotaryBase(RotaryEncoding):
         self.scale = _checks.positive_float("scale", scale)
         self.shift = _non_negative("shift", shift)
         self.jitter = _non_negative("jitter", jitter)
+        self.ref_grid = None if ref_grid is None else _checks.grid_shape("ref_grid", ref_grid)
 
     def angles(self, coords: torch.Tensor) -> torch.Tensor:
         """Float32 angles ``(B|1, heads|1, N, head_dim/2)`` of coordinates ``coords`` (B|1, N, 2)."""
@@ -77,9 +83,21 @@ class RotaryBase(RotaryEncoding):
 
     def grid_angles(self, shape: tuple[int, int], mask: torch.Tensor | None, device: torch.device) -> torch.Tensor:
         coords = valid_coords(shape, mask, self.coords, device=device)  # (B|1, N, 2)
+        if self.ref_grid is not None:
+            coords = coords * self._ref_factor(shape, mask, device)  # (B|1, N, 2)
         if self._augmenting():
             coords = jitter_coords(coords, shift=self.shift, jitter=self.jitter)  # (B|1, N, 2)
         return self.angles(coords * self.scale)  # (B|1, heads|1, N, head_dim/2)
+
+    def _ref_factor(self, shape, mask, device) -> torch.Tensor:
+        """``(h0 / h, w0 / w)`` of the grid or of each image's valid extent.  # (B|1, 1, 2)"""
+        ref = torch.tensor(self.ref_grid, dtype=torch.float32, device=device)  # (2,)
+        if mask is None:
+            n = torch.stack([torch.scalar_tensor(s, dtype=torch.float32) for s in shape]).to(device)  # (2,)
+            return (ref / n)[None, None]  # (1, 1, 2)
+        valid = ~mask.to(device)  # (B, h, w)
+        n = torch.stack([valid.any(2).sum(1), valid.any(1).sum(1)], -1).clamp(min=1).float()  # (B, 2)
+        return (ref / n)[:, None]  # (B, 1, 2)
 
     def forward(self, shape, mask: torch.Tensor | None = None, *, device=None) -> torch.Tensor:
         """Angles of the grid tokens, float32.  # (B|1, heads|1, h*w, head_dim/2)"""
@@ -91,4 +109,5 @@ class RotaryBase(RotaryEncoding):
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, num_heads={self.num_heads}, layout={self.layout!r}, "
-                f"coords={self.coords!r}, scale={self.scale:g}, shift={self.shift:g}, jitter={self.jitter:g}")
+                f"coords={self.coords!r}, scale={self.scale:g}, shift={self.shift:g}, jitter={self.jitter:g}, "
+                f"ref_grid={self.ref_grid}")

@@ -13,11 +13,15 @@ Registered encodings:
 
 * ``"axis2d"``: the generic composition, ``axis="sinusoidal"`` (Vaswani's sinusoids,
   ``vispe.axis.sinusoidal``) or ``axis="learned"`` (one ``vispe.axis.learned.LearnedTable1d`` per
-  axis, built for ``grid`` and resampled by target size on another grid).
+  axis, built for ``grid`` and resampled by target size on another grid; a state_dict saved at
+  another grid is resampled on load, ``vispe.encoding``).
 * ``"sincos2d"``: MAE / big_vision's 2D sin-cos, ``axis2d(axis="sinusoidal", compose="concat")``
   with layout "concat" (sin block, cos block per axis) and integer positions. MAE and big_vision put
   the x code first; vispe puts y first (``axis_order="xy"`` gives their order). Frequencies are MAE's
-  / timm's ``temperature^(-i / (dim/4))``, i = 0..dim/4 - 1 (big_vision divides by dim/4 - 1).
+  / timm's ``temperature^(-i / (dim/4))``, i = 0..dim/4 - 1; big_vision divides by dim/4 - 1
+  (``endpoint=True``). So MAE's ``get_2d_sincos_pos_embed`` is ``axis_order="xy"`` and big_vision's
+  ``posemb_sincos_2d`` is ``axis_order="xy", endpoint=True``; timm's ``build_sincos2d_pos_embed``
+  holds the default's numbers regrouped as [sin y, sin x, cos y, cos x].
 * ``"normidx2d"``: the normalised index per axis, c = [y / (h-1), x / (w-1)] in [0, 1]^2
   (0 on a length-1 axis; ``vispe.axis.sinusoidal.normalized_index`` per axis), projected to ``dim`` by a learned
   ``Linear(2, dim)``; with ``project=False`` the 2-channel code itself (then ``dim`` must be 2).
@@ -33,13 +37,13 @@ from torch import nn
 
 from vispe import _checks
 from vispe.axis.learned import LearnedTable1d
-from vispe.axis.sinusoidal import LAYOUTS, sinusoidal
-from vispe.image._additive import COORD_MODES, AdditiveBase, axis_positions, float32_math
+from vispe.axis.sinusoidal import LAYOUTS, sinusoid_frequencies, sinusoidal
+from vispe.image._additive import COORD_MODES, AdditiveBase, axis_positions, fit_axis_tables, float32_math
 from vispe.registry import register
 
 AXES = ("sinusoidal", "learned")
 COMPOSES = ("concat", "sum", "product")
-_SINUSOIDAL_ONLY = ("temperature", "layout", "coords", "mask_aware")
+_SINUSOIDAL_ONLY = ("temperature", "layout", "coords", "mask_aware", "endpoint")
 _LEARNED_ONLY = ("overflow", "resize_mode", "init_std")  # ``grid`` is the model's grid: any axis takes it
 
 
@@ -69,8 +73,9 @@ class Axis2dEncoding(AdditiveBase):
         axis: "sinusoidal" or "learned".
         compose: "concat" (default), "sum" or "product".
         axis_order: "yx" (default) or "xy", the order of the halves (concat only).
-        temperature, layout, coords, mask_aware: sinusoidal axis only (defaults 10000, "concat",
-            "index", False); ``coords`` as ``vispe.coords`` ("index", "normalized", "centered").
+        temperature, layout, coords, mask_aware, endpoint: sinusoidal axis only (defaults 10000,
+            "concat", "index", False, False); ``coords`` as ``vispe.coords`` ("index", "normalized",
+            "centered"); ``endpoint`` as ``vispe.axis.sinusoidal.sinusoid_frequencies`` (big_vision).
         grid: the model's grid (h, w); the lengths of a learned axis's tables (required there), not
             needed by a fixed axis (checked, then unused: models pass their grid to every encoding).
         overflow, resize_mode, init_std: learned axis only; ``overflow`` "interpolate" (default) or
@@ -80,15 +85,17 @@ class Axis2dEncoding(AdditiveBase):
     An option of the other axis kind raises a ValueError, never silently ignored.
     """
 
+    mask_aware_option = "mask_aware=True"
+
     def __init__(self, dim: int, *, axis: str = "sinusoidal", compose: str = "concat", axis_order: str = "yx",
                  temperature: float | None = None, layout: str | None = None, coords: str | None = None,
-                 mask_aware: bool | None = None, grid=None, overflow: str | None = None,
-                 resize_mode: str | None = None, init_std: float | None = None,
+                 mask_aware: bool | None = None, endpoint: bool | None = None, grid=None,
+                 overflow: str | None = None, resize_mode: str | None = None, init_std: float | None = None,
                  num_prefix_tokens: int = 0) -> None:
         _checks.choice("axis", axis, AXES)
         _checks.choice("compose", compose, COMPOSES)
         opts = dict(temperature=temperature, layout=layout, coords=coords, mask_aware=mask_aware, grid=grid,
-                    overflow=overflow, resize_mode=resize_mode, init_std=init_std)
+                    overflow=overflow, resize_mode=resize_mode, init_std=init_std, endpoint=endpoint)
         foreign = _LEARNED_ONLY if axis == "sinusoidal" else _SINUSOIDAL_ONLY
         for name in foreign:
             if opts[name] is not None:
@@ -111,6 +118,8 @@ class Axis2dEncoding(AdditiveBase):
             if not isinstance(mask_aware, bool):
                 raise ValueError(f"mask_aware={mask_aware!r}: expected True or False")
             self.mask_aware = mask_aware
+            self.endpoint = False if endpoint is None else endpoint
+            sinusoid_frequencies(self.width, self.temperature, endpoint=self.endpoint)  # checks endpoint now
             if grid is not None:
                 _checks.grid_shape("grid", grid)
             self.row = self.col = None
@@ -139,8 +148,9 @@ class Axis2dEncoding(AdditiveBase):
                 ex = self.col.table(w).to(device).float().view(1, 1, w, -1)  # (1, 1, w, width)
             else:
                 py, px = axis_positions(shape, mask, self.coords, mask_aware=self.mask_aware, device=device)
-                ey = sinusoidal(py, self.width, self.temperature, self.layout)  # (B|1, h, 1|w, width)
-                ex = sinusoidal(px, self.width, self.temperature, self.layout)  # (B|1, 1|h, w, width)
+                kw = dict(endpoint=self.endpoint)
+                ey = sinusoidal(py, self.width, self.temperature, self.layout, **kw)  # (B|1, h, 1|w, width)
+                ex = sinusoidal(px, self.width, self.temperature, self.layout, **kw)  # (B|1, 1|h, w, width)
             return compose_axes(ey, ex, self.compose, self.axis_order)  # (B|1, h*w, dim)
 
     def resize_(self, shape) -> "Axis2dEncoding":
@@ -153,6 +163,16 @@ class Axis2dEncoding(AdditiveBase):
         self._cache.clear()
         return self
 
+    def table_grid(self):  # learned axis: the lengths of its tables (None for a fixed axis)
+        return None if self.row is None else (self.row.length, self.col.length)
+
+    def infer_grid(self, state_dict, prefix):
+        r, c = state_dict.get(prefix + "row.weight"), state_dict.get(prefix + "col.weight")
+        return None if r is None or c is None else (r.shape[0], c.shape[0])
+
+    def load_grid_(self, state_dict, prefix, saved) -> None:  # resampled, as forward does at run time
+        fit_axis_tables(state_dict, prefix, saved, {"row.weight": self.row, "col.weight": self.col}, keep_first=False)
+
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, axis={self.axis!r}, compose={self.compose!r}, axis_order={self.axis_order!r}, "
                 f"num_prefix_tokens={self.num_prefix_tokens}")
@@ -160,12 +180,17 @@ class Axis2dEncoding(AdditiveBase):
 
 @register("sincos2d")
 class SinCos2dEncoding(Axis2dEncoding):
-    """MAE / big_vision 2D sin-cos: [sincos(y), sincos(x)], dim/2 each (``dim`` a multiple of 4)."""
+    """MAE / big_vision 2D sin-cos: [sincos(y), sincos(x)], dim/2 each (``dim`` a multiple of 4).
+
+    MAE: ``axis_order="xy"``; big_vision: ``axis_order="xy", endpoint=True`` (module docstring).
+    """
 
     def __init__(self, dim: int, *, temperature: float = 10000.0, layout: str = "concat", coords: str = "index",
-                 axis_order: str = "yx", mask_aware: bool = False, num_prefix_tokens: int = 0) -> None:
+                 axis_order: str = "yx", mask_aware: bool = False, endpoint: bool = False,
+                 num_prefix_tokens: int = 0) -> None:
         super().__init__(dim, axis="sinusoidal", compose="concat", axis_order=axis_order, temperature=temperature,
-                         layout=layout, coords=coords, mask_aware=mask_aware, num_prefix_tokens=num_prefix_tokens)
+                         layout=layout, coords=coords, mask_aware=mask_aware, endpoint=endpoint,
+                         num_prefix_tokens=num_prefix_tokens)
 
 
 @register("normidx2d")
@@ -178,6 +203,8 @@ class NormIdx2dEncoding(AdditiveBase):
         mask_aware: normalise over each image's valid area when a mask is given.
         num_prefix_tokens: learned prefix vectors returned by ``prefix()`` (0: none).
     """
+
+    mask_aware_option = "mask_aware=True"
 
     def __init__(self, dim: int, *, project: bool = True, mask_aware: bool = False,
                  num_prefix_tokens: int = 0) -> None:

@@ -35,8 +35,8 @@ def log_relative_coords(h: int, w: int, pretrained_window: tuple[int, int] | Non
                         device=None) -> torch.Tensor:
     """Swin-V2 log-spaced relative coordinates (dy, dx), float32.  # (2h-1, 2w-1, 2)"""
     h0, w0 = pretrained_window if pretrained_window is not None else (h, w)
-    dy = torch.arange(-(h - 1), h, device=device, dtype=torch.float32) / max(h0 - 1, 1)  # (2h-1,)
-    dx = torch.arange(-(w - 1), w, device=device, dtype=torch.float32) / max(w0 - 1, 1)  # (2w-1,)
+    dy = torch.arange(-(h - 1), h, device=device, dtype=torch.float32) / torch.sym_max(h0 - 1, 1)  # (2h-1,)
+    dx = torch.arange(-(w - 1), w, device=device, dtype=torch.float32) / torch.sym_max(w0 - 1, 1)  # (2w-1,)
     t = torch.stack(torch.meshgrid(dy, dx, indexing="ij"), dim=-1) * 8  # (2h-1, 2w-1, 2)
     return torch.sign(t) * torch.log2(1.0 + t.abs()) / math.log2(8)
 

@@ -10,8 +10,8 @@ followed, when ``mlp_dim > 0``, by Li et al.'s MLP ``Linear(dim, mlp_dim) -> GEL
 Linear(mlp_dim, dim)``. (Li et al. also scale the features by 1/sqrt(dim); vispe does not, so the
 features stay in [-1, 1] as Tancik's.)
 
-* Fixed B (default): drawn from ``torch.Generator().manual_seed(seed)`` on the CPU in float32 and
-  regenerated deterministically (never in the state_dict, never cast by ``module.to(dtype)``); the
+* Fixed B (default): drawn from ``torch.Generator().manual_seed(seed)`` on the CPU in float32 once at
+  construction (deterministic; never in the state_dict, never cast by ``module.to(dtype)``); the
   table is cached per (h, w, device, dtype).
 * ``learnable=True``: B is a parameter initialised the same way (Li et al.), recomputed every call.
 
@@ -59,6 +59,8 @@ class FourierEncoding(AdditiveBase):
         num_prefix_tokens: learned prefix vectors returned by ``prefix()`` (0: none).
     """
 
+    mask_aware_option = "mask_aware=True"
+
     def __init__(self, dim: int, *, sigma: float = 1.0, seed: int = 0, learnable: bool = False,
                  mlp_dim: int = 0, coords: str = "centered", mask_aware: bool = False,
                  num_prefix_tokens: int = 0) -> None:
@@ -73,8 +75,12 @@ class FourierEncoding(AdditiveBase):
         self.mask_aware = mask_aware
         self.coords = _checks.choice("coords", coords, COORD_MODES)
         self.freqs = None
+        fixed = gaussian_frequencies(dim // 2, self.sigma, seed)  # (dim/2, 2) float32, CPU
         if learnable:
-            self.freqs = nn.Parameter(gaussian_frequencies(dim // 2, self.sigma, seed))  # (dim/2, 2)
+            self.freqs = nn.Parameter(fixed)
+        # fixed B: a plain attribute (not a buffer: never saved, never cast by .to(dtype)); drawn once
+        # here, so torch.export records a constant, not the random generator
+        self._fixed_freqs = None if learnable else fixed
         self.mlp = None
         if _checks.positive_int("mlp_dim", mlp_dim, allow_zero=True):
             self.mlp = nn.Sequential(nn.Linear(dim, mlp_dim), nn.GELU(), nn.Linear(mlp_dim, dim))
@@ -82,8 +88,7 @@ class FourierEncoding(AdditiveBase):
     def _frequencies(self, device: torch.device) -> torch.Tensor:  # (dim/2, 2)
         if self.freqs is not None:
             return self.freqs.to(device)
-        return self.cached(("B", device), lambda: gaussian_frequencies(self.dim // 2, self.sigma, self.seed,
-                                                                        device=device))
+        return self.cached(("B", device), lambda: self._fixed_freqs.to(device))
 
     def forward(self, shape, mask=None, *, device=None, dtype=None) -> torch.Tensor:  # (B|1, h*w, dim)
         (h, w), mask, device, dtype = self._inputs(shape, mask, device, dtype)

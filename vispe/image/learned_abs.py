@@ -7,22 +7,28 @@ default bounds, +-2, are absolute, so in effect a normal of std 0.02).
 Prefix tokens (class, register): ``num_prefix_tokens`` own learned vectors ``(1, P, dim)``.
 
 Grid change (square or not): the table is reshaped to (dim, h, w) and resampled to the target
-SIZE with ``timm.layers.resample_abs_pos_embed`` (never a scale factor: pytorch#96236),
-``interpolation`` "bicubic" (default, DeiT/timm) or "bilinear", antialiased when it shrinks along
-an axis (``antialias``; torch's antialiased bicubic uses another kernel, so it is not used when
-only growing). The same size returns the table itself (exact identity). ``overflow="error"``
+SIZE as ``timm.layers.resample_abs_pos_embed`` does (never a scale factor: pytorch#96236),
+``interpolation`` "bicubic" (default, DeiT/timm) or "bilinear". ``antialias``: True (default)
+antialiases only when an axis shrinks (torch's antialiased bicubic uses another kernel, a=-0.5
+instead of -0.75, so growing keeps the plain one); "always" antialiases also when growing, as
+timm's ``resample_abs_pos_embed`` and so its ``dynamic_img_size`` ViTs do (use it to reproduce a
+timm ViT at a larger size); False never. The same size returns the table itself (exact identity). ``overflow="error"``
 refuses a grid larger than ``grid`` along an axis with a ValueError. At run time the resampled table is
 recomputed every call (it learns); ``resize_((h, w))`` rewrites the parameter at load time.
+A state_dict saved at another grid is resampled the same way on load (its grid is recorded,
+``vispe.encoding``; timm's checkpoints have no record: the grid is this one when the token count
+matches, else a square, as timm assumes).
 
 Padding mask: not mask-aware (the table is indexed by grid cell). Output ``(B|1, h*w, dim)``.
 """
 from __future__ import annotations
 
+import math
+
 import torch
-from timm.layers import resample_abs_pos_embed
 from torch import nn
 
-from vispe import _checks
+from vispe import _checks, _tracing
 from vispe.image._additive import AdditiveBase, float32_math
 from vispe.registry import register
 
@@ -33,14 +39,17 @@ def resample_grid_table(table: torch.Tensor, old: tuple[int, int], new: tuple[in
                         interpolation: str = "bicubic", antialias: bool = True) -> torch.Tensor:
     """Resample a (1, oh*ow, C) table to (1, nh*nw, C) by target size; same size is the identity.
 
-    ``antialias`` takes effect only when an axis shrinks. Computed in float32, cast back.
+    ``antialias``: True = only when an axis shrinks, "always" = timm's rule, False = never.
+    Computed in float32, cast back. ``new`` may be symbolic (torch.export): no branch on it.
     """
-    if tuple(old) == tuple(new):
+    if _tracing.known(old[0] == new[0]) and _tracing.known(old[1] == new[1]):
         return table
-    shrink = new[0] < old[0] or new[1] < old[1]
+    C = table.shape[-1]
+    rule = "shrink" if antialias is True else antialias == "always"
     with float32_math(table.device):
-        return resample_abs_pos_embed(table, list(new), list(old), num_prefix_tokens=0,
-                                      interpolation=interpolation, antialias=antialias and shrink)
+        grid = table.float().reshape(1, old[0], old[1], C).permute(0, 3, 1, 2)  # (1, C, oh, ow)
+        out = _tracing.resize(grid, new, mode=interpolation, antialias=rule, align_corners=False)  # (1, C, nh, nw)
+        return out.permute(0, 2, 3, 1).reshape(1, -1, C).to(table.dtype)  # (1, nh*nw, C)
 
 
 @register("learned_abs")
@@ -53,9 +62,12 @@ class LearnedAbsEncoding(AdditiveBase):
         num_prefix_tokens: learned prefix vectors returned by ``prefix()`` (0: none).
         init_std: std of the truncated-normal initialisation (timm: 0.02).
         interpolation: "bicubic" (default) or "bilinear".
-        antialias: antialias when shrinking (default True).
+        antialias: True (default): antialias when an axis shrinks; "always": also when growing
+            (timm's ``resample_abs_pos_embed``); False: never.
         overflow: "interpolate" (default) or "error" for a grid larger than ``grid``.
     """
+
+    learned_prefix = True  # in a ViT, class/register tokens get learned vectors (timm's pos_embed)
 
     def __init__(self, dim: int, *, grid, num_prefix_tokens: int = 0,
                  init_std: float = 0.02, interpolation: str = "bicubic", antialias: bool = True,
@@ -64,8 +76,8 @@ class LearnedAbsEncoding(AdditiveBase):
         self.grid = _checks.grid_shape("grid", grid)
         _checks.positive_float("init_std", init_std)
         self.interpolation = _checks.choice("interpolation", interpolation, INTERPOLATIONS)
-        if not isinstance(antialias, bool):
-            raise ValueError(f"antialias={antialias!r}: expected True or False")
+        if not (isinstance(antialias, bool) or antialias == "always"):
+            raise ValueError(f"antialias={antialias!r}: expected True, False or 'always'")
         self.antialias = antialias
         self.overflow = _checks.choice("overflow", overflow, ("interpolate", "error"))
         h, w = self.grid
@@ -77,9 +89,10 @@ class LearnedAbsEncoding(AdditiveBase):
         return self._output(self._resampled(shape).to(device), mask, dtype)
 
     def _resampled(self, shape: tuple[int, int]) -> torch.Tensor:
-        if self.overflow == "error" and (shape[0] > self.grid[0] or shape[1] > self.grid[1]):
-            raise ValueError(f"shape={shape}: larger than the learned table's grid {self.grid} and "
-                             "overflow='error'; use overflow='interpolate' or resize_() the table")
+        if self.overflow == "error":
+            _tracing.check((shape[0] <= self.grid[0]) & (shape[1] <= self.grid[1]),
+                           f"shape={shape}: larger than the learned table's grid {self.grid} and "
+                           "overflow='error'; use overflow='interpolate' or resize_() the table")
         return resample_grid_table(self.pos_embed, self.grid, shape, interpolation=self.interpolation,
                                    antialias=self.antialias)  # (1, h*w, dim)
 
@@ -94,6 +107,37 @@ class LearnedAbsEncoding(AdditiveBase):
         self.grid = shape
         self._cache.clear()
         return self
+
+    def table_grid(self):
+        return self.grid
+
+    def infer_grid(self, state_dict, prefix):
+        """No record (timm's checkpoints): this grid when the size matches, else a square (timm)."""
+        table = state_dict.get(prefix + "pos_embed")
+        if table is None:
+            return None
+        n = table.shape[1]
+        side = math.isqrt(n)
+        if n == self.grid[0] * self.grid[1] or side * side != n:
+            if n != self.grid[0] * self.grid[1]:
+                raise ValueError(f"{prefix}pos_embed has {n} grid positions and no grid record, neither this "
+                                 f"encoding's grid {self.grid} nor a square: load it with "
+                                 "load_pos_embed(pos_embed, grid=(h, w)) naming its grid")
+            return self.grid
+        return side, side
+
+    def load_grid_(self, state_dict, prefix, saved) -> None:
+        """Resample a table saved for grid ``saved`` to this grid (``overflow="error"``: only shrink)."""
+        table = state_dict.get(prefix + "pos_embed")
+        if table is None:
+            return
+        if table.shape[1] != saved[0] * saved[1]:
+            raise ValueError(f"{prefix}table_grid says grid {saved}, but {prefix}pos_embed has {table.shape[1]} rows")
+        if self.overflow == "error" and (saved[0] < self.grid[0] or saved[1] < self.grid[1]):
+            raise ValueError(f"{prefix}pos_embed was saved for grid {saved}, smaller than this encoding's grid "
+                             f"{self.grid} and overflow='error': build it with grid={saved}, or use overflow='interpolate'")
+        state_dict[prefix + "pos_embed"] = resample_grid_table(table, saved, self.grid, interpolation=self.interpolation,
+                                                               antialias=self.antialias)
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, grid={self.grid}, num_prefix_tokens={self.num_prefix_tokens}, "

@@ -45,6 +45,8 @@ class PEG(ConditionalEncoding):
         bias: convolution bias (CPVT: True).
     """
 
+    mask_aware_option = "padding_mode='zeros', the default"
+
     def __init__(self, dim: int, *, kernel_size: int = 3, padding_mode: str = "zeros", bias: bool = True) -> None:
         super().__init__()
         self.dim = _checks.positive_int("dim", dim)

@@ -12,18 +12,20 @@ Grid change: at another (h', w') the table, seen as an image (heads, 2h-1, 2w-1)
 by target size to (2h'-1, 2w'-1) (``resize_mode`` "bicubic", default, or "bilinear";
 align_corners=False; antialias when shrinking), as timm's ``resize_rel_pos_bias_table_simple``:
 at run time (differentiable, the stored table unchanged) or for good with ``resize_(shape)``.
-The same grid uses the table as is.
+The same grid uses the table as is. A state_dict saved for another window is resized the same way
+on load (its grid is recorded, ``vispe.encoding``), never read with swapped axes (3x5 vs 5x3).
 
 Output ``(1, heads, P+N, P+N)``. Padding mask: the bias does not depend on it (not mask-aware);
 padded keys are hidden by the attention's key-padding mask. Prefix tokens: ``vispe.image._bias``.
 """
 from __future__ import annotations
 
+import math
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from vispe import _checks
+from vispe import _checks, _tracing
 from vispe.coords import grid_coords
 from vispe.image._bias import BiasBase
 from vispe.registry import register
@@ -42,16 +44,17 @@ def resize_relative_table(table: torch.Tensor, src: tuple[int, int], dst: tuple[
                           mode: str = "bicubic") -> torch.Tensor:
     """Resample a ((2h-1)(2w-1), C) table of window ``src`` to window ``dst``, by target size.
 
-    Float32 math, returns the table's dtype; ``src == dst`` returns ``table`` itself.
+    Float32 math, returns the table's dtype; ``src == dst`` returns ``table`` itself. ``dst`` may
+    be symbolic (torch.export): ``vispe._tracing.resize`` records no branch on it.
     """
     _checks.choice("resize_mode", mode, RESIZE_MODES)
     (sh, sw), (dh, dw) = src, dst
-    if (sh, sw) == (dh, dw):
+    if _tracing.known(sh == dh) and _tracing.known(sw == dw):
         return table
     C = table.shape[-1]
     img = table.float().t().reshape(1, C, 2 * sh - 1, 2 * sw - 1)  # (1, C, 2h-1, 2w-1)
-    out = F.interpolate(img, size=(2 * dh - 1, 2 * dw - 1), mode=mode, align_corners=False,
-                        antialias=dh < sh or dw < sw)  # (1, C, 2h'-1, 2w'-1)
+    out = _tracing.resize(img, (2 * dh - 1, 2 * dw - 1), mode=mode, antialias="shrink",
+                          align_corners=False)  # (1, C, 2h'-1, 2w'-1)
     return out.reshape(C, -1).t().to(table.dtype)  # ((2h'-1)(2w'-1), C)
 
 
@@ -91,6 +94,34 @@ class RelBias(BiasBase):
         self.table = nn.Parameter(self.table_for(shape).detach().clone())
         self.grid = shape
         return self
+
+    def table_grid(self):
+        return self.grid
+
+    def infer_grid(self, state_dict, prefix):
+        """No record (older checkpoints): this window when the size matches, else a square one."""
+        table = state_dict.get(prefix + "table")
+        if table is None:
+            return None
+        rows, (h, w) = table.shape[0], self.grid
+        side = (math.isqrt(rows) + 1) // 2
+        if rows == (2 * h - 1) * (2 * w - 1):
+            return self.grid
+        if (2 * side - 1) ** 2 == rows:
+            return side, side
+        raise ValueError(f"{prefix}table has {rows} rows and no grid record, neither this encoding's window "
+                         f"{self.grid} ({(2 * h - 1) * (2 * w - 1)} rows) nor a square one: build it with its grid")
+
+    def load_grid_(self, state_dict, prefix, saved) -> None:
+        """Resize a table saved for window ``saved`` to this window (as at run time)."""
+        table = state_dict.get(prefix + "table")
+        if table is None:
+            return
+        want = (2 * saved[0] - 1) * (2 * saved[1] - 1)
+        if table.shape[0] != want:
+            raise ValueError(f"{prefix}table_grid says grid {saved} ({want} rows), but {prefix}table has "
+                             f"{table.shape[0]} rows")
+        state_dict[prefix + "table"] = resize_relative_table(table, saved, self.grid, self.resize_mode)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, grid={self.grid}, resize_mode={self.resize_mode!r}"

@@ -8,9 +8,12 @@ The head_dim/2 channel pairs are split between the two axes, **y first**:
     f_j = base^(-4 j / head_dim)         (``vispe.axis.rope.rope_frequencies(head_dim / 2, base)``)
 
 so ``<R(p) q, R(p') k>`` depends only on the 2D offset p - p'. rope-vit puts x first
-(``cat([freqs_x, freqs_y])``); vispe keeps its (y, x) order everywhere, so converting rope-vit
-weights means swapping the two quarters of pairs. ``base`` defaults to 100, rope-vit's theta for
-its axial variant (``compute_axial_cis(..., theta=100.0)``); RoFormer's 1D default is 10000.
+(``cat([freqs_x, freqs_y])``), as do timm's RoPE ViTs (``rope_grid_indexing="xy"``):
+``axis_order="xy"`` reproduces them (with ``layout="interleaved"``, their pairing). Or keep vispe's
+y-first order and convert the checkpoint: ``convert_rope_axis_order`` permutes the q/k projection
+rows (the two quarters of pairs of every head swap places), which gives the same attention.
+``base`` defaults to 100, rope-vit's theta for its axial variant (``compute_axial_cis(...,
+theta=100.0)``); RoFormer's 1D default is 10000; EVA-02 uses 10000 with ``ref_grid`` (16, 16).
 
 Input: grid ``shape`` (h, w), optional padding mask (B, h, w). Output: float32 angles
 ``(B|1, 1, h*w, head_dim/2)`` (the same for every head). Grid change: angles recompute at any
@@ -22,33 +25,91 @@ from __future__ import annotations
 import torch
 
 from vispe import _checks
-from vispe.axis.rope import rope_frequencies
+from vispe.axis.rope import LAYOUTS, rope_frequencies
 from vispe.image._rotary import RotaryBase
 from vispe.registry import register
+
+
+AXIS_ORDERS = ("yx", "xy")
 
 
 @register("rope_axial")
 class RopeAxial(RotaryBase):
     """Axial 2D RoPE, y on the first head_dim/4 pairs, x on the next head_dim/4.
 
-    Args: ``base`` (theta, default 100) and those of ``vispe.image._rotary.RotaryBase``:
+    Args: ``base`` (theta, default 100), ``axis_order`` ("yx": y on the first quarter of pairs,
+    default; "xy": x first, rope-vit / timm) and those of ``vispe.image._rotary.RotaryBase``:
     ``head_dim`` (multiple of 4), ``num_heads``, ``dim``, ``grid``, ``num_prefix_tokens``,
     ``layout`` ("half" | "interleaved"), ``coords`` ("index" | "normalized" | "centered"),
-    ``scale``, ``shift``, ``jitter``.
+    ``scale``, ``shift``, ``jitter``, ``ref_grid``.
     """
 
-    def __init__(self, head_dim: int, num_heads: int, *, base: float = 100.0, dim: int | None = None,
-                 grid=None, num_prefix_tokens: int = 0, layout: str = "half", coords: str = "index",
-                 scale: float = 1.0, shift: float = 0.0, jitter: float = 0.0) -> None:
+    def __init__(self, head_dim: int, num_heads: int, *, base: float = 100.0, axis_order: str = "yx",
+                 dim: int | None = None, grid=None, num_prefix_tokens: int = 0, layout: str = "half",
+                 coords: str = "index", scale: float = 1.0, shift: float = 0.0, jitter: float = 0.0,
+                 ref_grid=None) -> None:
         super().__init__(head_dim, num_heads, dim=dim, grid=grid, num_prefix_tokens=num_prefix_tokens,
-                         layout=layout, coords=coords, scale=scale, shift=shift, jitter=jitter)
+                         layout=layout, coords=coords, scale=scale, shift=shift, jitter=jitter, ref_grid=ref_grid)
         self.base = _checks.positive_float("base", base)
+        self.axis_order = _checks.choice("axis_order", axis_order, AXIS_ORDERS)
 
     def angles(self, coords: torch.Tensor) -> torch.Tensor:
         f = rope_frequencies(self.head_dim // 2, self.base, device=coords.device)  # (head_dim/4,)
         y = coords[..., 0, None] * f  # (B|1, N, head_dim/4)
         x = coords[..., 1, None] * f  # (B|1, N, head_dim/4)
-        return torch.cat([y, x], dim=-1)[:, None]  # (B|1, 1, N, head_dim/2)
+        parts = [y, x] if self.axis_order == "yx" else [x, y]
+        return torch.cat(parts, dim=-1)[:, None]  # (B|1, 1, N, head_dim/2)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, base={self.base:g}, axis_order={self.axis_order!r}"
+
+
+def axis_pair_permutation(head_dim: int, layout: str = "half") -> torch.Tensor:
+    """Channel order of one head that swaps the two quarters of pairs (y <-> x).  # (head_dim,) long
+
+    ``new[c] = old[perm[c]]``; the permutation is its own inverse.
+    """
+    _checks.divisible("head_dim", head_dim, 4, "2D RoPE splits the channel pairs between y and x")
+    _checks.choice("layout", layout, LAYOUTS)
+    q = head_dim // 4
+    pairs = torch.cat([torch.arange(q, 2 * q), torch.arange(0, q)])  # (head_dim/2,) new pair <- old pair
+    if layout == "half":
+        return torch.cat([pairs, pairs + head_dim // 2])  # pair i = channels (i, i + d/2)
+    return torch.stack([2 * pairs, 2 * pairs + 1], dim=-1).flatten()  # pair i = channels (2i, 2i + 1)
+
+
+_QK_ROWS = ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias", "q_bias")
+_QK_NORM = ("q_norm.weight", "q_norm.bias", "k_norm.weight", "k_norm.bias")
+
+
+def convert_rope_axis_order(state_dict: dict, *, num_heads: int, head_dim: int, layout: str = "half") -> dict:
+    """A checkpoint trained with one RoPE axis order, rewritten for the other (x first <-> y first).
+
+    Permutes, in every attention layer, the q and k output channels of each head
+    (``axis_pair_permutation``): the q and k rows of a fused ``qkv.weight`` / ``qkv.bias``, and
+    ``q_proj`` / ``k_proj`` / ``q_bias`` (timm's Eva) and per-head ``q_norm`` / ``k_norm`` affine
+    weights; v and everything else are kept. A model built with the other ``axis_order`` then gives
+    the same outputs (q.k is unchanged by a common permutation). Returns a new dict.
+    """
+    _checks.positive_int("num_heads", num_heads)
+    perm = axis_pair_permutation(head_dim, layout)  # (head_dim,)
+    A = num_heads * head_dim
+    head_perm = (torch.arange(num_heads)[:, None] * head_dim + perm).flatten()  # (A,)
+    out = dict(state_dict)
+    for key, value in state_dict.items():
+        if key.endswith(("qkv.weight", "qkv.bias")):
+            if value.shape[0] != 3 * A:
+                raise ValueError(f"{key} has shape {tuple(value.shape)}: expected {3 * A} rows "
+                                 f"(3 * num_heads * head_dim = 3 * {num_heads} * {head_dim})")
+            rows = torch.cat([head_perm, head_perm + A, torch.arange(2 * A, 3 * A)])  # (3A,)
+            out[key] = value[rows]
+        elif key.endswith(_QK_ROWS):
+            if value.shape[0] != A:
+                raise ValueError(f"{key} has shape {tuple(value.shape)}: expected {A} rows (num_heads * head_dim)")
+            out[key] = value[head_perm]
+        elif key.endswith(_QK_NORM) and value.shape[0] == head_dim:
+            out[key] = value[perm]
+    return out
 
     def grid_angles(self, shape, mask, device) -> torch.Tensor:
         if mask is not None or self._augmenting():

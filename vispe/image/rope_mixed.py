@@ -18,7 +18,11 @@ head_dim/4 along phi + pi/2:
 
 With ``rotate=False`` this is axial RoPE with x on the first quarter of pairs (rope-vit's order).
 
-Parameter: ``freqs`` (num_heads, head_dim/2, 2) as (fy, fx). Input: grid ``shape`` (h, w),
+Parameter: ``freqs`` (num_heads, head_dim/2, 2) as (fy, fx), one encoding per attention layer.
+rope-vit's ``freqs`` (2, depth, heads * head_dim/2) and timm's ``RotaryEmbeddingMixed.freqs``
+(2, depth, heads, head_dim/2) hold (fx, fy) for all layers at once (with timm's ``grid_indexing``
+"xy"; "ij" swaps them): ``from_rope_vit_freqs`` converts them, and with ``layout="interleaved"``
+(their channel pairing) the angles and attention outputs are theirs. Input: grid ``shape`` (h, w),
 optional padding mask (B, h, w). Output: float32 angles ``(B|1, heads, h*w, head_dim/2)``,
 recomputed at every call (the frequencies learn) at any grid. Prefix tokens: left unrotated.
 Coordinates, mask handling and train-time shift/jitter: see ``vispe.image._rotary``.
@@ -51,6 +55,24 @@ def mixed_init(head_dim: int, num_heads: int, theta: float = 10.0, rotate: bool 
     return torch.stack([mag * torch.sin(phi), mag * torch.cos(phi)], dim=-1)  # (heads, d/2, 2)
 
 
+def from_rope_vit_freqs(freqs: torch.Tensor, num_heads: int, grid_indexing: str = "xy") -> torch.Tensor:
+    """rope-vit / timm mixed frequencies -> vispe's, per layer.  # (depth, heads, head_dim/2, 2) as (fy, fx)
+
+    ``freqs`` (2, depth, heads * head_dim/2) (rope-vit) or (2, depth, heads, head_dim/2) (timm),
+    first row multiplying the first grid coordinate: x for ``grid_indexing="xy"`` (both
+    references' default), y for "ij". Copy ``out[i]`` into ``blocks[i].attn.pe.freqs``.
+    """
+    _checks.positive_int("num_heads", num_heads)
+    _checks.choice("grid_indexing", grid_indexing, ("xy", "ij"))
+    if not isinstance(freqs, torch.Tensor) or freqs.dim() not in (3, 4) or freqs.shape[0] != 2:
+        got = tuple(freqs.shape) if isinstance(freqs, torch.Tensor) else type(freqs).__name__
+        raise ValueError(f"freqs has shape {got}: expected (2, depth, heads * head_dim/2) or (2, depth, heads, head_dim/2)")
+    f = freqs.reshape(2, freqs.shape[1], num_heads, -1)  # (2, depth, heads, d/2)
+    first, second = f[0], f[1]
+    fy, fx = (second, first) if grid_indexing == "xy" else (first, second)
+    return torch.stack([fy, fx], dim=-1)  # (depth, heads, d/2, 2)
+
+
 @register("rope_mixed")
 class RopeMixed(RotaryBase):
     """Learned mixed-frequency 2D RoPE, one (fy, fx) per head and channel pair.
@@ -58,14 +80,15 @@ class RopeMixed(RotaryBase):
     Args: ``theta`` (init magnitudes, default 10 as rope-vit's RoPE-Mixed), ``rotate`` (random
     initial direction per head, default True) and those of ``vispe.image._rotary.RotaryBase``:
     ``head_dim`` (multiple of 4), ``num_heads``, ``dim``, ``grid``, ``num_prefix_tokens``,
-    ``layout``, ``coords``, ``scale``, ``shift``, ``jitter``.
+    ``layout``, ``coords``, ``scale``, ``shift``, ``jitter``, ``ref_grid``.
     """
 
     def __init__(self, head_dim: int, num_heads: int, *, theta: float = 10.0, rotate: bool = True,
                  dim: int | None = None, grid=None, num_prefix_tokens: int = 0, layout: str = "half",
-                 coords: str = "index", scale: float = 1.0, shift: float = 0.0, jitter: float = 0.0) -> None:
+                 coords: str = "index", scale: float = 1.0, shift: float = 0.0, jitter: float = 0.0,
+                 ref_grid=None) -> None:
         super().__init__(head_dim, num_heads, dim=dim, grid=grid, num_prefix_tokens=num_prefix_tokens,
-                         layout=layout, coords=coords, scale=scale, shift=shift, jitter=jitter)
+                         layout=layout, coords=coords, scale=scale, shift=shift, jitter=jitter, ref_grid=ref_grid)
         self.theta = _checks.positive_float("theta", theta)
         if not isinstance(rotate, bool):
             raise ValueError(f"rotate={rotate!r}: expected True or False")

@@ -11,7 +11,9 @@ Where each family goes (one rule per family, tested):
 
 * additive: one module ``model.pe``; added to the patch tokens at the input (``pe_at="input"``,
   ViT) or to q and k in every layer (``pe_at="every_block"``, DETR). Prefix (class, register)
-  tokens get the encoding's own learned prefix vectors if it has them (``learned_abs``), else none.
+  tokens get learned prefix vectors from an encoding that declares them (``learned_prefix``:
+  ``learned_abs``), none with ``no_embed_class``; any other additive encoding gives them no
+  position unless ``pe_kwargs={"num_prefix_tokens": P}`` asks for its own learned vectors.
 * rotary: one encoding per layer (``blocks[i].attn.pe``); prefix tokens stay unrotated.
 * bias: one encoding per layer; prefix rows/columns are the encoding's learned scalars.
 * conditional (PEG): ``model.pe`` applied to the grid tokens after the blocks in ``peg_blocks``
@@ -20,6 +22,18 @@ Where each family goes (one rule per family, tested):
 
 Any image size divisible by the patch size runs (fixed tables recompute, learned ones resample,
 relative ones resize). ``learned_abs`` keeps timm's ``pos_embed`` key, so timm checkpoints load.
+
+Padding mask ``(B, H, W)``, True = padding (``forward(x, mask)``): a patch counts as padding when
+ALL its pixels are padding, so a partly padded patch, which holds image content, stays a token,
+wherever the padding is (``patch_mask``). Padded tokens are hidden from attention (key padding),
+mask-aware encodings count positions over the valid area, and every ``global_pool`` ignores them:
+"avg", "max", "avgmax" (over valid tokens), "token", "map" (attention pooling with the padded keys
+masked); "" returns every token (select with the mask); "prr" cannot take a mask and refuses one
+with padding. An image that is all padding is refused.
+
+Input checks: ``x`` must be a (B, in_chans, H, W) tensor with H and W positive multiples of the
+patch size, the mask (B, H, W) bool; each is a ValueError naming the value. ``check_finite = True``
+(off by default: one pass over the input per call) also refuses NaN or inf pixels, naming the images.
 """
 from __future__ import annotations
 
@@ -29,10 +43,10 @@ from timm.models.vision_transformer import Block, VisionTransformer
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from vispe import _checks
+from vispe import _checks, _tracing
 from vispe.attention import Attention, PosContext
 from vispe.models._timm_keys import TimmPosEmbedKeys
-from vispe.coords import resize_mask
+from vispe.models._vit_inputs import check_images, masked_pool, patch_mask
 from vispe.registry import build_in, get
 
 #: small ViTs for CIFAR-sized images, by name (timm names work too)
@@ -58,6 +72,9 @@ class VispeBlock(Block):
 class VispeViT(TimmPosEmbedKeys, VisionTransformer):
     """timm VisionTransformer with a vispe encoding (see the module docstring)."""
 
+    #: refuse NaN / inf pixels (opt-in: costs one pass over the input per call)
+    check_finite: bool = False
+
     def __init__(self, *, pe: str = "learned_abs", pe_kwargs: dict | None = None, pe_at: str = "input",
                  peg_blocks: tuple[int, ...] = (0,), **timm_kwargs) -> None:
         for key, want in (("pos_embed", "none"), ("dynamic_img_size", True)):
@@ -66,6 +83,9 @@ class VispeViT(TimmPosEmbedKeys, VisionTransformer):
         timm_kwargs.update(pos_embed="none", dynamic_img_size=True, attn_layer=Attention, block_fn=VispeBlock)
         super().__init__(**timm_kwargs)
         self.setup_pe(pe, pe_kwargs or {}, pe_at=pe_at, peg_blocks=peg_blocks)
+
+    def __prepare_scriptable__(self):  # torch.jit.script: a clear error, not a TorchScript type error
+        _tracing.refuse_script("a vispe ViT")
 
     # --- encoding set-up -------------------------------------------------------------------
     def setup_pe(self, pe: str, pe_kwargs: dict, *, pe_at: str = "input", peg_blocks=(0,)) -> None:
@@ -83,8 +103,12 @@ class VispeViT(TimmPosEmbedKeys, VisionTransformer):
                 raise ValueError(f"patch_drop_rate > 0 drops tokens, which {pe!r} ({family}) needs in place")
         grid = tuple(self.patch_embed.grid_size)
         heads = self.blocks[0].attn.num_heads
-        # no_embed_class (DeiT-3, big_vision): prefix tokens get no additive position
-        prefix = 0 if family == "additive" and self.no_embed_class else self.num_prefix_tokens
+        # additive: prefix tokens get learned position vectors only from an encoding that declares
+        # them (learned_abs, timm's layout), never with no_embed_class (DeiT-3, big_vision); the
+        # others give prefix tokens no position, unless pe_kwargs sets num_prefix_tokens itself
+        prefix = self.num_prefix_tokens
+        if family == "additive" and (self.no_embed_class or not get(pe).learned_prefix):
+            prefix = 0
         context = dict(dim=self.embed_dim, num_heads=heads, head_dim=self.embed_dim // heads, grid=grid,
                        num_prefix_tokens=prefix)
         self.pe = None
@@ -104,19 +128,20 @@ class VispeViT(TimmPosEmbedKeys, VisionTransformer):
         return set(super().no_weight_decay()) | names
 
     # --- the token loop ------------------------------------------------------------------------
+    def check_input(self, x: torch.Tensor, mask: torch.Tensor | None) -> None:
+        """Refuse what the model cannot run on, with a ValueError naming it (module docstring)."""
+        check_images(x, mask, patch_size=tuple(self.patch_embed.patch_size),
+                     in_chans=self.patch_embed.proj.in_channels, check_finite=self.check_finite)
+
     def _tokens(self, x: torch.Tensor, mask: torch.Tensor | None):
         """Patch-embed, add the input encoding and the prefix tokens; return tokens and context."""
+        self.check_input(x, mask)
         B, _, H, W = x.shape
         ps = self.patch_embed.patch_size
-        if H % ps[0] or W % ps[1]:
-            raise ValueError(f"image size (H, W)=({H}, {W}): expected multiples of the patch size {tuple(ps)}")
         h, w = H // ps[0], W // ps[1]
         x = self.patch_embed(x).reshape(B, h * w, -1)  # (B, N, C)
-        grid_mask = None
-        if mask is not None:
-            _checks.mask_for("mask", mask, (H, W))
-            grid_mask = resize_mask(mask, (h, w))  # (B, h, w)
-        prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+        grid_mask = None if mask is None else patch_mask(mask, ps)  # (B, h, w)
+        prefix = [t.expand(B, -1, -1) for t in self._prefix_params() if t is not None]
         prefix = torch.cat(prefix, dim=1) if prefix else x[:, :0]  # (B, P, C)
         pos = None
         if self.pe_family == "additive":
@@ -133,6 +158,10 @@ class VispeViT(TimmPosEmbedKeys, VisionTransformer):
         x = torch.cat([prefix, x], dim=1)  # (B, P+N, C)
         x = self.norm_pre(self.patch_drop(self.pos_drop(x)))
         return x, PosContext((h, w), self.num_prefix_tokens, grid_mask, pos)
+
+    def _prefix_params(self):
+        """The prefix token parameters, in sequence order (DeiT's distilled ViT adds its own)."""
+        return (self.cls_token, self.reg_token)
 
     def _run_block(self, i: int, x: torch.Tensor, ctx: PosContext) -> torch.Tensor:
         blk = self.blocks[i]
@@ -161,11 +190,13 @@ class VispeViT(TimmPosEmbedKeys, VisionTransformer):
         return self.forward_tokens(x, mask)[0]
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """timm's head; with a grid padding mask (B, h, w), average pooling skips padded tokens."""
-        if mask is None or self.global_pool != "avg" or self.attn_pool is not None:
+        """timm's head on tokens (B, P+N, C); with a grid padding mask (B, h, w) the pooling ignores
+        padded tokens ("avg", "max", "avgmax", "map"; "token" and "" need nothing; "prr" refuses)."""
+        pool = self.global_pool
+        if mask is None or pool in ("", "token") or not mask.any():
             return super().forward_head(x, pre_logits=pre_logits)
-        keep = (~mask).flatten(1).to(x.dtype)[..., None]  # (B, N, 1)
-        x = (x[:, self.num_prefix_tokens:] * keep).sum(1) / keep.sum(1).clamp(min=1)  # (B, C)
+        x = masked_pool(x, mask, pool, num_prefix_tokens=self.num_prefix_tokens,
+                        include_prefix=self.pool_include_prefix, attn_pool=self.attn_pool)  # (B, C)
         x = self.head_drop(self.fc_norm(x))
         return x if pre_logits else self.head(x)
 
@@ -181,8 +212,8 @@ class VispeViT(TimmPosEmbedKeys, VisionTransformer):
 
         _checks.choice("output_fmt", output_fmt, ("NCHW", "NLC"))
         take, max_index = feature_take_indices(len(self.blocks), indices)
-        B = x.shape[0]
         x, ctx = self._tokens(x, mask)
+        B = x.shape[0]
         outs = []
         last = max_index if stop_early else len(self.blocks) - 1
         for i in range(last + 1):
@@ -201,71 +232,88 @@ class VispeViT(TimmPosEmbedKeys, VisionTransformer):
         return self.norm(x), outs
 
 
-def create_vit(name: str = "vit_cifar", *, pe: str = "learned_abs", img_size=32, patch_size: int = 4,
-               num_classes: int = 10, in_chans: int = 3, pe_kwargs: dict | None = None, pe_at: str = "input",
-               peg_blocks: tuple[int, ...] = (0,), **timm_kwargs) -> VispeViT:
-    """A ViT with encoding ``pe``: ``name`` is a vispe preset (``PRESETS``) or a timm ViT name.
+def create_vit(name: str = "vit_cifar", *, pe: str | None = None, img_size=None, patch_size: int | None = None,
+               num_classes: int | None = None, in_chans: int = 3, pe_kwargs: dict | None = None, pe_at: str = "input",
+               peg_blocks: tuple[int, ...] = (0,), pretrained: bool = False, checkpoint=None,
+               keep_abs_pos: bool | None = None, **timm_kwargs) -> VispeViT:
+    """A ViT with encoding ``pe``: ``name`` is a vispe preset (``PRESETS``) or a timm model name.
 
+    Presets: ``pe`` defaults to "learned_abs", ``img_size`` 32, ``patch_size`` 4, ``num_classes`` 10.
+    A timm name (VisionTransformer, DeiT's distilled ViT, the Eva family) is built by timm with
+    its own defaults for what is not given, then converted (``convert_vit``; ``pe=None`` keeps the
+    model's own encoding). ``pretrained=True`` loads timm's pretrained weights (timm's source: the
+    local Hugging Face cache, downloading when missing unless ``HF_HUB_OFFLINE=1``), or the file
+    ``checkpoint`` (a timm state_dict); everything but the position encoding is kept when ``pe``
+    differs from the checkpoint's (vispe.models.timm_models.create_from_timm).
     ``timm_kwargs`` (embed_dim, depth, num_heads, class_token, reg_tokens, global_pool, ...)
-    override the preset and go to timm's ``VisionTransformer``.
+    override the preset and go to timm.
     """
+    if name not in PRESETS:
+        from vispe.models.timm_models import create_from_timm
+
+        return create_from_timm(name, pe=pe, img_size=img_size, patch_size=patch_size, num_classes=num_classes,
+                                in_chans=in_chans, pe_kwargs=pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks,
+                                pretrained=pretrained, checkpoint=checkpoint, keep_abs_pos=keep_abs_pos,
+                                **timm_kwargs)
+    if pretrained or checkpoint is not None or keep_abs_pos is not None:
+        raise ValueError(f"name={name!r} is a vispe preset: pretrained, checkpoint and keep_abs_pos apply to timm "
+                         "names (load a preset's own checkpoint with model.load_state_dict)")
+    img_size = 32 if img_size is None else img_size
+    patch_size = 4 if patch_size is None else patch_size
     h, w = _checks.grid_shape("img_size", img_size)
     _checks.positive_int("patch_size", patch_size)
     if h % patch_size or w % patch_size:
         raise ValueError(f"img_size={img_size!r}: expected multiples of patch_size={patch_size}")
-    if name in PRESETS:
-        args = dict(PRESETS[name])
-    else:
-        args = _timm_args(name)
-    args.update(img_size=(h, w), patch_size=patch_size, num_classes=num_classes, in_chans=in_chans)
+    args = dict(PRESETS[name])
+    args.update(img_size=(h, w), patch_size=patch_size, num_classes=10 if num_classes is None else num_classes,
+                in_chans=in_chans)
     args.update(timm_kwargs)
     dim, heads = args.get("embed_dim", 768), args.get("num_heads", 12)
     if dim % heads:
         raise ValueError(f"embed_dim={dim}: expected a multiple of num_heads={heads}")
-    return VispeViT(pe=pe, pe_kwargs=pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks, **args)
+    return VispeViT(pe=pe or "learned_abs", pe_kwargs=pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks, **args)
 
 
-def _timm_args(name: str) -> dict:
-    """The VisionTransformer arguments of a registered timm ViT (read off its entry point)."""
-    import timm
+def convert_vit(model: VisionTransformer, pe: str | None = None, *, pe_kwargs: dict | None = None,
+                pe_at: str = "input", peg_blocks: tuple[int, ...] = (0,), keep_abs_pos: bool | None = None):
+    """Give an existing timm model a vispe encoding, in place (weights and state_dict keys kept).
 
-    if not timm.is_model(name) or not name.startswith(("vit_", "deit", "eva", "beit")):
-        raise ValueError(f"name={name!r}: expected a vispe preset ({', '.join(PRESETS)}) or a timm ViT name")
-    with torch.device("meta"):
-        ref = timm.create_model(name, pretrained=False)
-    if type(ref) is not VisionTransformer:
-        raise ValueError(f"name={name!r} builds a {type(ref).__name__}: expected a timm VisionTransformer")
-    blk = ref.blocks[0]
-    return dict(embed_dim=ref.embed_dim, depth=len(ref.blocks), num_heads=blk.attn.num_heads,
-                mlp_ratio=blk.mlp.fc1.out_features / ref.embed_dim, qkv_bias=blk.attn.qkv.bias is not None,
-                class_token=ref.cls_token is not None, reg_tokens=ref.num_reg_tokens,
-                no_embed_class=ref.no_embed_class, global_pool=ref.global_pool,
-                fc_norm=not isinstance(ref.fc_norm, nn.Identity) if ref.global_pool == "avg" else None)
-
-
-def convert_vit(model: VisionTransformer, pe: str = "learned_abs", *, pe_kwargs: dict | None = None,
-                pe_at: str = "input", peg_blocks: tuple[int, ...] = (0,)) -> VispeViT:
-    """Give an existing timm ``VisionTransformer`` a vispe encoding, in place (weights kept).
-
-    Its blocks and attention layers become vispe's subclasses (no new weights), the image size
-    becomes dynamic, and its ``pos_embed`` becomes the ``learned_abs`` table if ``pe="learned_abs"``
-    (dropped otherwise). Only plain timm ViTs (``Block`` + ``Attention``) are accepted.
+    A ``VisionTransformer`` (or DeiT's ``VisionTransformerDistilled``): its blocks and attention
+    layers become vispe's subclasses (no new weights), the image size becomes dynamic, and its
+    ``pos_embed`` becomes the ``learned_abs`` table if ``pe="learned_abs"`` (dropped otherwise);
+    ``pe=None`` keeps its own (``learned_abs``, or ``none`` without a table). Only plain timm blocks
+    (``Block`` + ``Attention``) are accepted. An ``Eva`` goes to ``vispe.models.eva.convert_eva``
+    (``keep_abs_pos`` applies there); NaFlexVit and other models are refused with the reason.
     """
     from timm.layers import Attention as TimmAttention
 
-    if type(model) is not VisionTransformer:
-        raise ValueError(f"model is a {type(model).__name__}: expected a timm VisionTransformer")
+    from vispe.models.timm_models import timm_kind
+
+    kind = timm_kind(model)  # "vit", "distilled" or "eva"; anything else is refused
+    if kind == "eva":
+        from vispe.models.eva import convert_eva
+
+        return convert_eva(model, pe, pe_kwargs=pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks,
+                           keep_abs_pos=keep_abs_pos)
+    if keep_abs_pos is not None:
+        raise ValueError(f"keep_abs_pos={keep_abs_pos!r}: applies to Eva models (a ViT has one position encoding)")
     for i, blk in enumerate(model.blocks):
         if type(blk) is not Block or type(blk.attn) is not TimmAttention or blk.attn.gate is not None:
             raise ValueError(f"model.blocks[{i}] is a {type(blk).__name__} with {type(blk.attn).__name__}: "
                              "expected timm's Block with its plain (ungated) Attention")
     old_pos = model.pos_embed
     old_grid = tuple(model.patch_embed.grid_size)
+    pe = pe or ("learned_abs" if old_pos is not None else "none")
     for blk in model.blocks:
         blk.__class__ = VispeBlock
         blk.attn.__class__ = Attention
         blk.attn.pe = None
-    model.__class__ = VispeViT
+    if kind == "distilled":
+        from vispe.models.deit import VispeViTDistilled
+
+        model.__class__ = VispeViTDistilled
+    else:
+        model.__class__ = VispeViT
     model.pos_embed = None
     model.dynamic_img_size = True
     model.patch_embed.strict_img_size = False

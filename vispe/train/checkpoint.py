@@ -8,7 +8,8 @@ A checkpoint is one file (``checkpoint.pt``) holding everything needed to contin
 
 ``save`` writes ``<name>.tmp`` in the same folder, flushes it to disk, then renames it over the old
 file (``os.replace`` is atomic), so a crash at any moment leaves either the old or the new
-checkpoint, never half a file. Only plain types and tensors are stored, so ``load`` reads with
+checkpoint, never half a file; a failed write (full disk, read-only folder) removes the temporary
+file and raises ``logging.WriteError`` naming the file and the reason. Only plain types and tensors are stored, so ``load`` reads with
 ``torch.load(weights_only=True)``: a checkpoint cannot run code.
 
 ``check_compatible`` refuses, with a message that says what differs, a checkpoint written for
@@ -16,13 +17,14 @@ another encoding, another model or other parameter shapes.
 """
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from vispe.train.logging import write_atomically
 
 FORMAT = 1
 
@@ -41,6 +43,7 @@ class Progress:
     epoch_sums: dict = field(default_factory=dict)  # running training sums of the current epoch
     history: list = field(default_factory=list)  # one dict of metrics per finished epoch
     elapsed_s: float = 0.0  # training time spent before this process started
+    schedule: list = field(default_factory=list)  # the learning-rate plan's segments (vispe.train.schedule)
 
 
 def rng_state() -> dict:
@@ -82,12 +85,7 @@ def save(path: str | Path, *, model, optimizer, scheduler, scaler, progress: Pro
              "config": config, "model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
              "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict() if scaler is not None else None,
              "rng": rng_state(), "progress": asdict(progress)}
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomically(path, lambda f: torch.save(state, f))  # a full disk: WriteError, no .tmp left
 
 
 def load(path: str | Path, map_location="cpu") -> dict:

@@ -86,12 +86,30 @@ def add_sums(total: dict, sums: dict) -> dict:
     return total
 
 
+#: key of the training sums counting the batches whose inputs hold NaN or inf (``nonfinite_inputs``)
+NONFINITE_KEY = "nonfinite_inputs"
+
+
+def nonfinite_inputs(batch) -> torch.Tensor:
+    """1.0 when a floating tensor of ``batch`` (a tensor, or a tuple/list/dict of them, one level)
+    holds NaN or inf, else 0.0, as a float64 tensor on that tensor's device; no host sync."""
+    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (tuple, list)) else [batch]
+    flags = [~torch.isfinite(t).all() for t in items if torch.is_tensor(t) and t.is_floating_point()]
+    if not flags:
+        return torch.zeros((), dtype=torch.float64)
+    bad = flags[0]
+    for f in flags[1:]:
+        bad = bad | f.to(bad.device)
+    return bad.to(torch.float64)
+
+
 def train_one_epoch(model, task, loader, *, optimizer, scheduler, scaler, device, amp_dtype,
                     grad_clip: float | None, progress: Progress, sums: dict,
                     after_step: Callable[[Progress, dict, torch.Tensor], None]) -> dict:
     """Train over ``loader`` (the rest of the epoch of ``progress``); returns the epoch's local sums.
 
-    ``sums`` are the running sums of the batches already done in this epoch (a resumed epoch).
+    ``sums`` are the running sums of the batches already done in this epoch (a resumed epoch);
+    ``sums[NONFINITE_KEY]`` counts the batches whose inputs held NaN or inf (checked by the caller).
     """
     model.train()
     for batch in loader:
@@ -111,7 +129,7 @@ def train_one_epoch(model, task, loader, *, optimizer, scheduler, scaler, device
         else:
             optimizer.step()
         scheduler.step()
-        add_sums(sums, batch_sums)
+        add_sums(sums, {**batch_sums, NONFINITE_KEY: nonfinite_inputs(batch).to(device)})
         progress.batch += 1
         progress.step += 1
         after_step(progress, sums, loss.detach())

@@ -3,7 +3,9 @@
 The history of per-epoch metrics lives in the checkpoint (``Progress.history``); ``metrics.csv``
 and ``curves.png`` are rewritten from it (atomically) after each epoch, so a run that is killed and
 resumed has exactly one row per epoch. TensorBoard uses the optimiser step as x axis for every
-tag and, on resume, purges the events written after the checkpoint (``purge_step``).
+tag; the runner flushes the events of a step before it writes that step's checkpoint, and on
+resume purges the events of later steps (``purge_step`` = checkpoint step + 1), so the scalars read
+back equal an uninterrupted run's, step for step (tests/test_train_resume.py).
 Only rank 0 logs (``enabled=False`` elsewhere).
 """
 from __future__ import annotations
@@ -15,15 +17,58 @@ import os
 from pathlib import Path
 
 
-def atomic_write(path: str | Path, data: str | bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename."""
+class WriteError(Exception):
+    """A file of the run could not be written (full disk, read-only folder); says which and why."""
+
+
+def os_error_in(err: BaseException | None) -> OSError | None:
+    """The OSError behind ``err`` (itself, or in its chain: torch wraps a failed write)."""
+    while err is not None:
+        if isinstance(err, OSError):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def write_error(path: str | Path, err: BaseException) -> WriteError:
+    """A WriteError naming ``path`` (hence its folder) and the system's reason."""
+    cause = os_error_in(err) or err
+    why = f"{cause.strerror} [Errno {cause.errno}]" if isinstance(cause, OSError) and cause.strerror else str(cause)
+    return WriteError(f"cannot write {path}: {why}. Files already written there are kept; free some space "
+                      "or make the folder writable, then run again (--resume continues from the last checkpoint)")
+
+
+def remove_quietly(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def write_atomically(path: str | Path, write) -> None:
+    """Call ``write(f)`` on ``<path>.tmp``, flush it to disk and rename it over ``path``.
+
+    On any failure the temporary file is removed and ``path`` is left as it was; a failure caused
+    by the system (full disk, no permission) becomes a WriteError naming the file.
+    """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        remove_quietly(tmp)
+        if isinstance(e, Exception) and os_error_in(e) is not None:
+            raise write_error(path, e) from e
+        raise
+
+
+def atomic_write(path: str | Path, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename (``write_atomically``)."""
+    write_atomically(path, lambda f: f.write(data.encode() if isinstance(data, str) else data))
 
 
 class RunLog:
@@ -34,12 +79,23 @@ class RunLog:
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(self.dir / "tb"), purge_step=purge_step)
+            try:
+                self._tb = SummaryWriter(str(self.dir / "tb"), purge_step=purge_step)
+            except OSError as e:
+                raise write_error(self.dir / "tb", e) from e
 
     def scalars(self, step: int, values: dict, prefix: str) -> None:
         if self._tb is not None:
             for k, v in values.items():
                 self._tb.add_scalar(f"{prefix}/{k}", v, step)
+
+    def flush(self) -> None:
+        """Write the queued TensorBoard events to disk."""
+        if self._tb is not None:
+            try:
+                self._tb.flush()
+            except OSError as e:
+                raise write_error(self.dir / "tb", e) from e
 
     def epoch(self, history: list[dict]) -> None:
         """Log the last epoch of ``history`` and rewrite metrics.csv and curves.png."""
@@ -47,7 +103,7 @@ class RunLog:
             return
         row = history[-1]
         self.scalars(row["step"], {k: v for k, v in row.items() if k not in ("epoch", "step")}, "epoch")
-        self._tb.flush()
+        self.flush()
         self.files(history)
 
     def files(self, history: list[dict]) -> None:
@@ -68,8 +124,11 @@ class RunLog:
 
     def close(self) -> None:
         if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+            tb, self._tb = self._tb, None
+            try:
+                tb.close()
+            except OSError:  # a full disk: the error that stopped the run is the one to report
+                pass
 
 
 def plot_curves(history: list[dict], path: str | Path, title: str = "") -> None:

@@ -13,6 +13,9 @@ Layout (one invocation of train.py = one run folder; one sub-folder per encoding
 Rules (nothing written is ever lost or overwritten silently):
 
 * a new run needs a folder that holds no run (no checkpoint, summary, metrics or events);
+* except a smoke run (``--smoke``): a folder that holds a smoke run (marked by the ``SMOKE_MARKER``
+  file its run wrote) is replaced by the new smoke run; a smoke run is never written over a real
+  run's folder;
 * a folder holding a run (finished or not) is refused unless ``--resume`` is given (continue it) or
   ``train.overwrite=true`` (the old folder is renamed ``<name>.bak-<date-time>``, not deleted);
 * ``--resume`` with ``train.overwrite=true`` is refused (they contradict each other);
@@ -25,13 +28,18 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from vispe.train import config as C
-from vispe.train.logging import atomic_write
+from vispe.train.logging import atomic_write, write_error
+
+
+#: file a smoke run leaves in its run folder: the next smoke run may replace the folder
+SMOKE_MARKER = ".vispe-smoke-run"
 
 
 class RunFolderError(ValueError):
@@ -61,10 +69,11 @@ def state(path: Path) -> str:
     return "empty"
 
 
-def plan(cfg: DictConfig, *, resume: bool) -> tuple[str, list[str]]:
+def plan(cfg: DictConfig, *, resume: bool, smoke: bool = False) -> tuple[str, list[str]]:
     """Decide what to do with the run folder (read-only; every rank can call it).
 
-    Returns ``(action, notes)`` with action ``"new"``, ``"resume"`` or ``"backup"``.
+    Returns ``(action, notes)`` with action ``"new"``, ``"resume"``, ``"backup"`` or ``"replace"``
+    (a smoke run over a previous smoke run).
     """
     path = run_dir(cfg)
     if resume and cfg.train.overwrite:
@@ -77,8 +86,11 @@ def plan(cfg: DictConfig, *, resume: bool) -> tuple[str, list[str]]:
     if not resume:
         if cfg.train.overwrite:
             return "backup", [f"train.overwrite=true: moving the existing run {path} aside"]
+        if smoke and (path / SMOKE_MARKER).is_file():
+            return "replace", [f"--smoke: replacing the previous smoke run in {path}"]
+        extra = " (not a smoke run, so --smoke does not replace it)" if smoke else ""
         raise RunFolderError(
-            f"run folder {str(path)!r} already holds a{' finished' if st == 'finished' else 'n unfinished'} run. "
+            f"run folder {str(path)!r} already holds a{' finished' if st == 'finished' else 'n unfinished'} run{extra}. "
             f"Pass --resume to continue it, set train.run_name=<new name> for a new run, or "
             f"train.overwrite=true to move the old folder aside to {path.name}.bak-<date-time> (nothing is deleted)")
     stored_path = path / "config.yaml"
@@ -96,9 +108,18 @@ def plan(cfg: DictConfig, *, resume: bool) -> tuple[str, list[str]]:
     return "resume", []
 
 
-def execute(cfg: DictConfig, action: str) -> Path:
+def execute(cfg: DictConfig, action: str, *, smoke: bool = False) -> Path:
     """Carry out ``plan``'s action (rank 0 only) and write the resolved config."""
     path = run_dir(cfg)
+    try:
+        return _execute(cfg, action, path, smoke)
+    except OSError as e:  # a read-only out_dir, a full disk
+        raise write_error(path, e) from e
+
+
+def _execute(cfg: DictConfig, action: str, path: Path, smoke: bool) -> Path:
+    if action == "replace":  # only ever a previous smoke run's folder (plan checked its marker)
+        shutil.rmtree(path)
     if action == "backup":
         backup = path.with_name(f"{path.name}.bak-{time.strftime('%Y%m%d-%H%M%S')}")
         n = 1
@@ -108,6 +129,8 @@ def execute(cfg: DictConfig, action: str) -> Path:
         path.rename(backup)
         print(f"moved the previous run to {backup}", flush=True)
     path.mkdir(parents=True, exist_ok=True)
+    if smoke and action != "resume":
+        (path / SMOKE_MARKER).write_text("written by train.py --smoke: the next smoke run may replace this folder\n")
     stored = copy.deepcopy(cfg)
     stored.train.overwrite = False  # done once; the stored config must resume, not move the run aside
     atomic_write(path / "config.yaml", C.to_yaml(stored))
@@ -132,7 +155,10 @@ def finished_summary(sub: Path, epochs: int) -> dict | None:
 
 def write_config(sub: Path, cfg: DictConfig) -> None:
     """The resolved config of one encoding's run, in its folder."""
-    sub.mkdir(parents=True, exist_ok=True)
+    try:
+        sub.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise write_error(sub, e) from e
     stored = copy.deepcopy(cfg)
     stored.train.overwrite = False
     atomic_write(sub / "config.yaml", OmegaConf.to_yaml(stored, resolve=True))

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from vispe.encoding import GRID_KEY
 from vispe.models.detr.model import DETR, create_detr
 
 _COMMON = [  # (pattern, replacement) applied to both formats after their own renames
@@ -171,7 +172,7 @@ def load_detr(source, **overrides) -> DETR:
     state = _rename({k: v for k, v in state.items() if not k.endswith("num_batches_tracked")}, fmt)
     kwargs = {**_architecture(state, hints), **overrides}
     model = create_detr(**kwargs)
-    own = model.state_dict()
+    own = {k: v for k, v in model.state_dict().items() if not k.endswith("." + GRID_KEY)}  # grid records: optional
     missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     if missing or unexpected:
         raise ValueError(f"source ({fmt} format) does not fit vispe's DETR: missing {missing[:5]}"

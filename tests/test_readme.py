@@ -1,0 +1,71 @@
+"""The README's code blocks run as written (issue 19, item 9).
+
+Every ```python block is executed, in order, each in a fresh namespace. A block that cannot run in
+the suite (it needs a download or a GPU) must start with the visible marker ``# not run by the
+tests: <why>``; it is still compiled. The ```bash blocks are commands: every ``train.py`` command
+is parsed and its config loaded and checked as ``train.py`` does before training (keys, types,
+values, encoding names; training itself is covered by the train tests), and every file a command
+names must exist.
+"""
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import torch
+
+import vispe.registry
+from vispe.train import config as C
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER = "# not run by the tests:"
+
+
+def blocks(lang: str) -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    return re.findall(rf"^```{lang}\n(.*?)^```", text, flags=re.S | re.M)
+
+
+def test_the_readme_has_python_and_bash_blocks():
+    assert len(blocks("python")) >= 1 and len(blocks("bash")) >= 2
+
+
+@pytest.mark.parametrize("i", range(len(blocks("python"))))
+def test_python_block_runs_as_written(i, monkeypatch, tmp_path):
+    src = blocks("python")[i]
+    code = compile(src, f"README.md python block {i + 1}", "exec")
+    if src.startswith(MARKER):
+        reason = src.splitlines()[0][len(MARKER):].strip()
+        assert reason, "say why the block cannot run"
+        pytest.skip(f"README block {i + 1}: {reason}")
+    monkeypatch.chdir(tmp_path)  # anything it writes goes there
+    torch.manual_seed(0)
+    exec(code, {"__name__": f"readme_block_{i + 1}"})
+
+
+def _commands():
+    for block in blocks("bash"):
+        for line in block.splitlines():
+            line = line.split(" #")[0].strip()
+            if line and not line.startswith("#"):
+                yield line
+
+
+@pytest.mark.parametrize("line", list(_commands()))
+def test_bash_command_names_existing_files_and_a_valid_train_config(line):
+    words = shlex.split(line)
+    for w in words:
+        if re.fullmatch(r"[\w./-]+\.(py|yaml)", w) and "=" not in w:
+            assert (ROOT / w).is_file(), f"{line!r}: {w} does not exist"
+    if "train.py" not in words:
+        return
+    spec = importlib.util.spec_from_file_location("train_script_for_readme", ROOT / "train.py")
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    args = train.parse_args(words[words.index("train.py") + 1:])
+    cfg = C.load_config(ROOT / args.config if args.config else train.DEFAULT_CONFIG, args.overrides, smoke=args.smoke)
+    for pe in C.encodings(cfg):
+        vispe.registry.get(pe)  # an unknown encoding name is a ValueError

@@ -1,0 +1,82 @@
+"""What a vispe ViT does with its input and padding mask (private to ``vispe.models.vit``).
+
+* ``check_images``: a ValueError naming the argument, the value and what was expected for
+  anything the model cannot run on (not a 4-D tensor, an empty image, wrong channels, a size that
+  is not a multiple of the patch size, a mask of another shape or batch, an image that is all
+  padding) and, when asked (``check_finite``), NaN or inf pixels.
+* ``patch_mask``: the rule from pixels to patches: a patch is padding when ALL its pixels are.
+* ``masked_pool``: timm's global pooling over the valid tokens only.
+"""
+from __future__ import annotations
+
+import torch
+
+from vispe import _checks
+
+MASKED_POOLS = ("avg", "max", "avgmax", "map")
+
+
+def check_images(x, mask, *, patch_size: tuple[int, int], in_chans: int, check_finite: bool = False) -> None:
+    """Refuse images ``x`` (B, C, H, W) and padding mask (B, H, W) a ViT cannot run on."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"x is a {type(x).__name__}: expected a torch.Tensor (B, C, H, W)")
+    if x.dim() != 4:
+        raise ValueError(f"x has shape {tuple(x.shape)}: expected (B, C, H, W), a batch of images")
+    B, C, H, W = x.shape
+    if H == 0 or W == 0:
+        raise ValueError(f"x has shape {tuple(x.shape)}: expected images of H, W > 0 (multiples of {patch_size})")
+    if C != in_chans:
+        raise ValueError(f"x has {C} channels (shape {tuple(x.shape)}): expected in_chans={in_chans}")
+    if H % patch_size[0] or W % patch_size[1]:
+        raise ValueError(f"image size (H, W)=({H}, {W}): expected multiples of the patch size {patch_size}")
+    if mask is not None:
+        _checks.mask_for("mask", mask, (H, W))
+        if mask.shape[0] != B:
+            raise ValueError(f"mask has batch size {mask.shape[0]}: expected x's {B} (one mask per image)")
+        empty = mask.flatten(1).all(1)  # (B,)
+        if empty.any():
+            i = int(empty.nonzero()[0])
+            raise ValueError(f"mask[{i}] is all padding: expected at least one valid (False) pixel per image")
+    if check_finite:
+        bad = ~torch.isfinite(x).flatten(1).all(1)  # (B,)
+        if bad.any():
+            raise ValueError(f"x holds NaN or inf in image(s) {bad.nonzero()[:, 0].tolist()}: expected finite "
+                             "pixel values (check the data; check_finite=True)")
+
+
+def patch_mask(mask: torch.Tensor, patch_size) -> torch.Tensor:
+    """Pixel padding mask (B, H, W) -> patch mask (B, H/ph, W/pw): padding where every pixel is.
+
+    A partly padded patch holds image content and stays a token, at any side of the image.
+    """
+    B, H, W = mask.shape
+    ph, pw = patch_size
+    return mask.view(B, H // ph, ph, W // pw, pw).all(dim=4).all(dim=2)  # (B, h, w)
+
+
+def masked_pool(x: torch.Tensor, mask: torch.Tensor, pool: str, *, num_prefix_tokens: int,
+                include_prefix: bool = False, attn_pool=None) -> torch.Tensor:
+    """timm's ``global_pool`` of tokens x (B, P+N, C) over valid tokens only.  # (B, C)
+
+    ``mask`` (B, h, w) True = padding (prefix tokens are valid); ``include_prefix`` as timm's
+    ``pool_include_prefix``; "map" runs timm's attention pooling ``attn_pool`` with padded keys
+    masked. Another ``pool`` is refused (timm's "prr" takes no mask).
+    """
+    if pool not in MASKED_POOLS:
+        raise ValueError(f"global_pool={pool!r} cannot ignore padded tokens: expected no padding in the mask, "
+                         "or a model with global_pool 'avg', 'max', 'avgmax', 'token' or 'map'")
+    P = num_prefix_tokens
+    keep = torch.cat([mask.new_ones(mask.shape[0], P), ~mask.flatten(1)], dim=1)  # (B, P+N) True = valid
+    if not include_prefix:
+        x, keep = x[:, P:], keep[:, P:]  # (B, N, C), (B, N)
+    if pool == "map":
+        attn_mask = keep[:, None, None, :]  # (B, 1, 1, L) True = attend
+        if not attn_pool.fused_attn:  # timm adds the mask to the logits there
+            attn_mask = torch.zeros(attn_mask.shape, device=x.device).masked_fill(~attn_mask, float("-inf"))
+        return attn_pool(x, attn_mask=attn_mask)  # (B, C)
+    k = keep[..., None].to(x.dtype)  # (B, L, 1)
+    avg = (x * k).sum(1) / k.sum(1)  # (B, C); every image has a valid token (check_images)
+    if pool == "avg":
+        return avg
+    top = x.masked_fill(~keep[..., None], float("-inf")).amax(1)  # (B, C)
+    return top if pool == "max" else 0.5 * (top + avg)
