@@ -267,10 +267,25 @@ def run_encoding(cfg: DictConfig, task, data: Data, sub: Path, *, resume: bool, 
                "primary": task.primary, "train_img_size": data.img_size,
                "final": progress.history[-1] if progress.history else {}, "eval": results,
                "train_time_s": round(train_time, 2), "eval_time_s": round(time.time() - t0, 2),
+               **step_time_and_memory(progress.history, progress.step, device),
                "device": machine(device), "world_size": dist.world_size, "torch": torch.__version__}
     log.summary(summary)
     log.close()
     return summary
+
+
+def step_time_and_memory(history: list[dict], steps: int, device: torch.device) -> dict:
+    """Mean training seconds per optimiser step (epoch times, data loading included, evaluation
+    excluded) and this process's peak memory in MiB: CUDA max allocated on a GPU, else max RSS."""
+    step_time = sum(r.get("epoch_time_s", 0.0) for r in history) / steps if steps else None
+    if device.type == "cuda":
+        peak, kind = torch.cuda.max_memory_allocated(device) / 2**20, "cuda_max_allocated"
+    else:
+        import resource  # POSIX only; ru_maxrss is in KiB on Linux
+
+        peak, kind = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cpu_max_rss"
+    return {"step_time_s": None if step_time is None else round(step_time, 5),
+            "peak_mem_mb": round(peak, 1), "peak_mem_kind": kind}
 
 
 def evaluate_sizes(model, task, cfg: DictConfig, data: Data, *, device, amp_dtype, dist: D.DistInfo) -> dict:

@@ -1,0 +1,290 @@
+"""Refresh results/compare from the sweep folders: CSV copies, figures and the tables in the .md files.
+
+    .venv/bin/python results/compare/update.py [--sweeps runs/sweeps]
+
+For each task with a sweep folder it writes the sweep's report (vispe.report), copies its tidy
+``results.csv`` to ``results/compare/data/<task>.csv``, the per-epoch metrics of its finished runs
+to ``data/<task>_curves.csv`` and its metric-vs-size plot to ``figures/``, then rewrites every block ``<!-- BEGIN name -->`` ... ``<!-- END name -->`` of the
+Markdown files here from those CSVs (the prose around the blocks is written by hand).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))  # this checkout's vispe
+
+from vispe import report  # noqa: E402
+
+TASKS = ("digits_cell", "digits_relative", "digits_content_position", "digits_class")
+SWEEPS = TASKS + ("shapes_detr",)
+MAIN = ("none", "sine", "learned_abs", "sincos2d", "rope_axial", "rope_mixed", "relbias", "peg")
+RESOLUTION = ("learned_abs", "rope_axial", "rope_mixed", "none")
+CHANCE = {"digits_cell": 1 / 9, "digits_relative": 1 / 4, "digits_content_position": 1 / 20, "digits_class": 1 / 10}
+
+
+def load(task: str) -> pd.DataFrame | None:
+    f = HERE / "data" / f"{task}.csv"
+    return pd.read_csv(f) if f.is_file() else None
+
+
+def main_table(task: str) -> str:
+    df = load(task)
+    if df is None:
+        return "(not run here)"
+    summ = report.summarize(df)
+    main = [g for g in summ["group"].unique() if g in MAIN]
+    rest = [g for g in summ["group"].unique() if g not in MAIN]
+    order = lambda gs: list(summ[summ["is_train_size"].astype(bool) & summ["group"].isin(gs)].sort_values("mean", ascending=False)["group"])  # noqa: E731
+    return report.markdown_table(summ, "acc", order(main) + order(rest)) + "\n\n" + progress(df)
+
+
+def progress(df: pd.DataFrame) -> str:
+    runs = df.drop_duplicates("run")
+    fin = runs[runs["status"] == "finished"]
+    hours = fin.get("wall_s", pd.Series(dtype=float)).sum() / 3600
+    text = f"{len(fin)} of {len(runs)} started grid points finished ({hours:.1f} h of wall time on the shared CPU)"
+    missing = runs[runs["status"] != "finished"]["run"].tolist()
+    return text + (f"; not finished here: {', '.join(missing)}." if missing else ".")
+
+
+DETR_ROWS = [  # (DETR Table 3 row, group label in the sweep's report, published AP / AP50)
+    ("none / none (queries learned at input)", "none [query_pos_at=input]", "32.8 / 55.2"),
+    ("sine at input / sine at input", "sine [pe_at=input, query_pos_at=input]", "39.2 / 60.0"),
+    ("learned at attn. / learned at attn.", "learned_rowcol", "39.6 / 60.7"),
+    ("none / sine at attn.", "sine [pe_at={encoder: none, decoder: attn, queries: attn}]", "39.3 / 60.3"),
+    ("sine at attn. / sine at attn. (default)", "sine", "40.6 / 61.6"),
+]
+
+
+def detr_table() -> str:
+    df = load("shapes_detr")
+    lines = ["| spatial pos. enc. (encoder / decoder) | here: AP | here: AP50 | seeds | DETR R50 AP / AP50 (published) |",
+             "|---|---|---|---|---|"]
+    fin = None if df is None else report.add_group(df[(df["status"] == "finished") & df["is_train_size"].astype(bool)])
+    for row, group, paper in DETR_ROWS:
+        g = None if fin is None else fin[fin["group"] == group]
+        if g is None or g.empty:
+            lines.append(f"| {row} | pending | pending | 0 | {paper} |")
+            continue
+        cell = lambda c: report.fmt(g[c].mean(), g[c].std(), len(g))  # noqa: E731
+        lines.append(f"| {row} | {cell('AP')} | {cell('AP50')} | {len(g)} | {paper} |")
+    return "\n".join(lines)
+
+
+REST = ("learned_rowcol", "axis2d", "normidx2d", "fourier", "relbias_axis", "irpe", "log_cpb")
+
+
+def status_table() -> str:
+    """Per task: finished grid points of each part of the plan in run_grids.sh, and the time spent."""
+    lines = ["| task | 8 main encodings x 3 seeds | PEG without padding x 3 seeds | rest of the registry x 1 seed "
+             "| wall time of finished runs |", "|---|---|---|---|---|"]
+    for task in TASKS:
+        df = load(task)
+        fin = set() if df is None else set(df[df["status"] == "finished"]["run"])
+        main = sum(f"{pe}_seed{s}" in fin for pe in MAIN for s in range(3))
+        peg = sum(f"peg+padding_mode-none_seed{s}" in fin for s in range(3))
+        rest = sum(f"{pe}_seed0" in fin for pe in REST)
+        done = pd.DataFrame() if df is None else df[df["status"] == "finished"].drop_duplicates("run")
+        hours = done.get("wall_s", pd.Series(dtype=float)).sum() / 3600
+        lines.append(f"| {task} | {main} / 24 | {peg} / 3 | {rest} / 7 | {hours:.1f} h |")
+    return "\n".join(lines)
+
+
+def resolution_table(task: str) -> str:
+    """The RoPE-ViT view: accuracy at each size, and the change from the training size."""
+    df = load(task)
+    if df is None:
+        return "(not run here)"
+    summ = report.summarize(df)
+    summ = summ[summ["group"].isin(RESOLUTION)]
+    if summ.empty:
+        return "(not run here)"
+    order = [g for g in RESOLUTION if g in set(summ["group"])]
+    table = report.markdown_table(summ, "acc", order)
+    train = summ[summ["is_train_size"].astype(bool)].set_index("group")["mean"]
+    sizes = sorted(summ["eval_size"].unique())
+    lines = ["| encoding | " + " | ".join(f"Δ @{s}px" for s in sizes) + " |", "|" + "---|" * (len(sizes) + 1)]
+    for g in order:
+        rows = summ[summ["group"] == g].set_index("eval_size")["mean"]
+        lines.append(f"| {g} | " + " | ".join(f"{rows[s] - train[g]:+.3f}" if s in rows else "-" for s in sizes) + " |")
+    return table + "\n\nChange from the training size (mean over seeds):\n\n" + "\n".join(lines)
+
+
+def peg_table() -> str:
+    """CPVT's padding ablation on every task: peg with zero padding vs without padding."""
+    lines = ["| task | PEG zero padding | PEG no padding | difference | none |", "|---|---|---|---|---|"]
+    for task in TASKS:
+        df = load(task)
+        if df is None:
+            continue
+        summ = report.summarize(df)
+        t = summ[summ["is_train_size"].astype(bool)].set_index("group")
+        cells = []
+        for g in ("peg", "peg [padding_mode=none]", "none"):
+            cells.append(report.fmt(t.loc[g, "mean"], t.loc[g, "std"], int(t.loc[g, "n"])) if g in t.index else "-")
+        diff = (f"{t.loc['peg', 'mean'] - t.loc['peg [padding_mode=none]', 'mean']:+.3f}"
+                if {"peg", "peg [padding_mode=none]"} <= set(t.index) else "-")
+        lines.append(f"| {task} | {cells[0]} | {cells[1]} | {diff} | {cells[2]} |")
+    return "\n".join(lines)
+
+
+def redgreen_table() -> str:
+    f = HERE / "data" / "redgreen.csv"
+    if not f.is_file():
+        return "(not run here)"
+    df = pd.read_csv(f)
+    paper = {"valid": "100.0 ± 0.0 / 0.2 ± 0.1", "same_zeros": "99.8 ± 0.1 / 8.4 ± 0.7",
+             "same_circular": "73.7 ± 1.0 / 73.7 ± 1.0 (their code: circular padding of 2)",
+             "full_zeros": "89.7 ± 0.5 / 89.7 ± 0.5", "full_circular": "(the row above, as their code runs it)"}
+    lines = ["| convolution | similar (here) | dissimilar (here) | seeds | published similar / dissimilar |",
+             "|---|---|---|---|---|"]
+    for ct, g in df.groupby("conv_type", sort=False):
+        lines.append(f"| {ct} | {g['similar_acc'].mean():.1f} ± {g['similar_acc'].std():.1f} | "
+                     f"{g['dissimilar_acc'].mean():.1f} ± {g['dissimilar_acc'].std():.1f} | {len(g)} | {paper.get(ct, '-')} |")
+    return "\n".join(lines)
+
+
+# Islam et al. ICLR'20 (PUBLISHED.md section 1): Table 1 SPC/MAE on PASCAL-S, Black, White, Noise
+ISLAM_T1 = {  # (target, model): [(spc, mae) for PASCAL-S, Black, White, Noise]
+    ("H", "PosENet"): [(.012, .251), (.0, .251), (.0, .251), (.001, .251)],
+    ("H", "VGG"): [(.742, .149), (.751, .164), (.873, .157), (.591, .173)],
+    ("H", "ResNet"): [(.933, .084), (.987, .080), (.994, .078), (.973, .077)],
+    ("V", "PosENet"): [(.131, .248), (.0, .251), (.0, .251), (.053, .250)],
+    ("V", "VGG"): [(.816, .129), (.846, .146), (.927, .138), (.771, .150)],
+    ("V", "ResNet"): [(.951, .083), (.978, .069), (.979, .072), (.968, .074)],
+    ("G", "PosENet"): [(-.001, .233), (.0, .186), (.0, .186), (-.034, .214)],
+    ("G", "VGG"): [(.814, .109), (.842, .123), (.898, .116), (.762, .129)],
+    ("G", "ResNet"): [(.936, .070), (.953, .068), (.964, .064), (.971, .055)],
+    ("HS", "PosENet"): [(-.001, .712), (-.055, .704), (.0, .704), (.023, .710)],
+    ("HS", "VGG"): [(.405, .556), (.532, .583), (.576, .574), (.375, .573)],
+    ("HS", "ResNet"): [(.534, .528), (.566, .518), (.562, .515), (.471, .530)],
+    ("VS", "PosENet"): [(.006, .723), (.081, .709), (.081, .709), (.018, .714)],
+    ("VS", "VGG"): [(.374, .567), (.538, .575), (.437, .578), (.526, .566)],
+    ("VS", "ResNet"): [(.520, .537), (.574, .523), (.593, .514), (.523, .545)],
+}
+ISLAM_T4 = {  # PASCAL-S, (H, G, HS) x (spc, mae)
+    "PosENet (padding=0)": [(.012, .251), (-.001, .233), (-.001, .712)],
+    "PosENet with padding=1": [(.274, .239), (.205, .184), (.148, .608)],
+    "PosENet with padding=2": [(.397, .223), (.380, .177), (.214, .595)],
+    "VGG16 (padding=1, default)": [(.742, .149), (.814, .109), (.405, .556)],
+    "VGG16 w/o padding": [(.381, .223), (.359, .174), (.011, .628)],
+}
+OURS = {"PosENet": ("vit", "none", "-"), "VGG": ("vgg", "-", "zeros"), "ResNet": ("resnet18", "-", "zeros")}
+
+
+def _leakage() -> pd.DataFrame | None:
+    f = HERE.parents[1] / "results" / "padding_leakage.csv"
+    if not f.is_file():
+        return None
+    df = pd.read_csv(f)
+    df["readout"] = df["probe_readout_padding"]
+    extra = HERE / "data" / "posenet_readout_zeros.csv"
+    if extra.is_file():
+        e = pd.read_csv(extra)
+        e["readout"] = e["probe_readout_padding"]
+        df = pd.concat([df, e], ignore_index=True)
+    df["backbone"] = df["backbone"].where(df["encoding"] == "-", "vit")
+    return df
+
+
+def _cell(df, backbone, encoding, padding, inp, target, readout="valid") -> tuple[float, float]:
+    sel = df[(df["backbone"] == backbone) & (df["encoding"] == encoding) & (df["padding"] == padding)
+             & (df["input"] == inp) & (df["target"] == target) & (df["readout"] == readout)]
+    if backbone != "vit":
+        sel = sel[sel["level"] == "all"]
+    return (sel["spc"].mean(), sel["mae"].mean()) if len(sel) else (float("nan"), float("nan"))
+
+
+def leakage_table1() -> str:
+    df = _leakage()
+    if df is None:
+        return "(results/padding_leakage.csv missing)"
+    head = ("| target | model (paper → here) | photos here | PASCAL-S paper | blank here | Black / White paper "
+            "| noise here | Noise paper |")
+    lines = [head, "|" + "---|" * 8]
+    names = {"PosENet": "PosENet alone → ViT without position, valid read-out", "VGG": "VGG16 → small VGG, zeros",
+             "ResNet": "ResNet152 → ResNet-18, zeros"}
+    for (target, model), paper in ISLAM_T1.items():
+        b, e, pad = OURS[model]
+        here = [_cell(df, b, e, pad, inp, target) for inp in ("natural", "constant", "noise")]
+        f = lambda v: f"{v[0]:.3f} / {v[1]:.3f}"  # noqa: E731
+        lines.append(f"| {target} | {names[model]} | {f(here[0])} | {f(paper[0])} | {f(here[1])} | "
+                     f"{paper[1][0]:.3f} / {paper[2][0]:.3f} (SPC) | {f(here[2])} | {f(paper[3])} |")
+    return "\n".join(lines)
+
+
+def leakage_table4() -> str:
+    df = _leakage()
+    if df is None:
+        return "(results/padding_leakage.csv missing)"
+    ours = {"PosENet (padding=0)": ("vit", "none", "-", "valid"),
+            "PosENet with padding=1": ("vit", "none", "-", "zeros"),
+            "PosENet with padding=2": None,
+            "VGG16 (padding=1, default)": ("vgg", "-", "zeros", "valid"),
+            "VGG16 w/o padding": ("vgg", "-", "valid", "valid")}
+    here_names = {"PosENet (padding=0)": "ViT without position, valid 3x3 read-out",
+                  "PosENet with padding=1": "ViT without position, zero-padded 3x3 read-out",
+                  "PosENet with padding=2": "not run (the read-out is 3x3 with padding 0 or 1)",
+                  "VGG16 (padding=1, default)": "small VGG, zero padding", "VGG16 w/o padding": "small VGG, valid convolutions"}
+    lines = ["| paper row | here | H SPC / MAE here (paper) | G SPC / MAE here (paper) | HS SPC / MAE here (paper) |",
+             "|---|---|---|---|---|"]
+    for row, paper in ISLAM_T4.items():
+        spec = ours[row]
+        cells = []
+        for (target, p) in zip(("H", "G", "HS"), paper):
+            if spec is None:
+                cells.append(f"- ({p[0]:.3f} / {p[1]:.3f})")
+                continue
+            b, e, pad, ro = spec
+            v = _cell(df, b, e, pad, "natural", target, ro)
+            cells.append("not run" if v[0] != v[0] else f"{v[0]:.3f} / {v[1]:.3f} ({p[0]:.3f} / {p[1]:.3f})")
+        lines.append(f"| {row} | {here_names[row]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+BLOCKS = {**{f"main:{t}": (lambda t=t: main_table(t)) for t in TASKS},
+          **{f"resolution:{t}": (lambda t=t: resolution_table(t)) for t in TASKS},
+          "peg": peg_table, "status": status_table, "detr": detr_table, "redgreen": redgreen_table, "islam_table1": leakage_table1,
+          "islam_table4": leakage_table4}
+
+
+def fill(md: Path) -> None:
+    text = md.read_text()
+    for name, fn in BLOCKS.items():
+        pat = re.compile(rf"(<!-- BEGIN {re.escape(name)} -->\n)(?:.*?\n)?(<!-- END {re.escape(name)} -->)", re.S)
+        if pat.search(text):
+            text = pat.sub(lambda m: m.group(1) + fn() + "\n" + m.group(2), text)
+    md.write_text(text)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sweeps", default=str(HERE.parents[1] / "runs" / "sweeps"))
+    args = p.parse_args(argv)
+    (HERE / "data").mkdir(exist_ok=True)
+    (HERE / "figures").mkdir(exist_ok=True)
+    for task in SWEEPS:
+        sweep = Path(args.sweeps) / task
+        if not (sweep / "sweep.json").is_file():
+            continue
+        report.write_report(sweep)
+        shutil.copy(sweep / "results.csv", HERE / "data" / f"{task}.csv")
+        hist = report.histories(sweep, pd.read_csv(sweep / "results.csv"))  # per-epoch metrics of finished runs
+        if not hist.empty:
+            hist.to_csv(HERE / "data" / f"{task}_curves.csv", index=False)
+        if (sweep / "metric_vs_size.png").is_file():
+            shutil.copy(sweep / "metric_vs_size.png", HERE / "figures" / f"{task}_vs_size.png")
+    for md in sorted(HERE.glob("*.md")):
+        fill(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,105 @@
+"""vispe.report on a sweep folder with known numbers: mean +- std over seeds, groups of varied keys,
+what is missing, and the plots (error bars = the std, curves = the mean over seeds)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from vispe import report
+from vispe.sweep import collect
+
+
+def make_run(sweep, pe, seed, accs, *, vary=None, finished=True, metric="acc"):
+    """A run folder as vispe.sweep + train.py leave it, with accuracy ``accs = {size: value}``."""
+    vary = vary or {}
+    name = pe + "".join(f"+{k.rsplit('.', 1)[-1]}-{v}" for k, v in vary.items()) + f"_seed{seed}"
+    run = sweep / name
+    (run / pe).mkdir(parents=True)
+    (run / "point.json").write_text(json.dumps({"pe": pe, "seed": seed, "vary": vary, "commit": "abc",
+                                                "overrides": ["train.epochs=2"]}))
+    if not finished:
+        (run / pe / "checkpoint.pt").write_bytes(b"")
+        return run
+    summ = {"encoding": pe, "primary": metric, "task": "classification", "data": "digits_cell", "model": "vit_pico",
+            "train_img_size": 32, "epochs": 2, "steps": 10, "params": 1000 + len(pe), "step_time_s": 0.02,
+            "peak_mem_mb": 300.0, "peak_mem_kind": "cpu_max_rss", "train_time_s": 60.0, "device": "cpu x",
+            "eval": {str(s): {"scale": s / 32, metric: a, "loss": 1 - a} for s, a in accs.items()}}
+    (run / pe / "summary.json").write_text(json.dumps(summ))
+    (run / "summary.json").write_text(json.dumps({"finished": True, "runtime_s": 70.0, "encodings": {pe: summ}}))
+    pd.DataFrame({"epoch": [1, 2], f"test_{metric}": [accs[32] / 2, accs[32]]}).to_csv(run / pe / "metrics.csv", index=False)
+    return run
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    s = tmp_path / "sw"
+    make_run(s, "none", 0, {32: 0.2, 48: 0.1})
+    make_run(s, "none", 1, {32: 0.4, 48: 0.1})
+    make_run(s, "sine", 0, {32: 0.9, 48: 0.5})
+    make_run(s, "sine", 1, {32: 0.7, 48: 0.7})
+    make_run(s, "sine", 2, {32: 0.8, 48: 0.6}, finished=False)
+    make_run(s, "peg", 0, {32: 0.6, 48: 0.3}, vary={"model.pe_kwargs.padding_mode": "none"})
+    (s / "sweep.json").write_text(json.dumps({"invocations": [{"command": "python -m vispe.sweep --pe none,sine",
+                                                               "commit": "abc", "machine": "cpu x", "started": "t0"}]}))
+    return s
+
+
+def test_summary_is_mean_and_sample_std_over_finished_seeds(sweep):
+    summ = report.summarize(collect.collect(sweep)).set_index(["group", "eval_size"])
+    assert summ.loc[("sine", 32), "mean"] == pytest.approx(0.8)  # seed 2 unfinished: not counted
+    assert summ.loc[("sine", 32), "std"] == pytest.approx(np.std([0.9, 0.7], ddof=1))
+    assert summ.loc[("sine", 32), "n"] == 2 and summ.loc[("none", 48), "std"] == pytest.approx(0.0)
+    assert summ.loc[("peg [padding_mode=none]", 32), "n"] == 1  # a varied key makes its own group
+    assert bool(summ.loc[("none", 32), "is_train_size"]) and not bool(summ.loc[("none", 48), "is_train_size"])
+
+
+def test_report_files(sweep):
+    text = report.write_report(sweep).read_text()
+    lines = [line for line in text.splitlines() if line.startswith("| ")]
+    assert lines[0].startswith("| encoding | seeds | acc @32px (train) | acc @48px |")
+    assert [line.split(" | ")[0][2:] for line in lines[1:]] == ["sine", "peg [padding_mode=none]", "none"]  # best first
+    assert "| sine | 2 | 0.800 ± 0.141 | 0.600 ± 0.141 |" in text
+    assert "0.600 (1 seed)" in text
+    assert "`sine_seed2`: unfinished" in text and "5 of 6 runs finished" in text
+    assert "python -m vispe.sweep --pe none,sine" in text
+    for name in ("metric_vs_size.png", "curves.png", "results.csv"):
+        assert (sweep / name).stat().st_size > 1000
+
+
+def test_plots_draw_the_means_and_stds(sweep):
+    df = collect.collect(sweep)
+    fig = report.plot_vs_size(report.summarize(df))
+    bars = {c.get_label(): c for c in fig.axes[0].containers}  # one errorbar per group
+    line, _, (segments,) = bars["sine"]
+    np.testing.assert_allclose(line.get_ydata(), [0.8, 0.6])
+    np.testing.assert_allclose(line.get_xdata(), [32, 48])
+    half = [(s[1][1] - s[0][1]) / 2 for s in segments.get_segments()]
+    np.testing.assert_allclose(half, [np.std([0.9, 0.7], ddof=1), np.std([0.5, 0.7], ddof=1)])
+    hist = report.histories(sweep, df)
+    assert len(hist) == 2 * 5  # 5 finished runs x 2 epochs
+    curve = {line.get_label(): line for line in report.plot_curves(hist).axes[0].get_lines()}
+    np.testing.assert_allclose(curve["none"].get_ydata(), [0.15, 0.3])
+
+
+def test_report_of_an_empty_or_missing_folder(tmp_path, capsys):
+    assert report.main([str(tmp_path / "nothing")]) == 2
+    (tmp_path / "empty").mkdir()
+    assert report.main([str(tmp_path / "empty")]) == 2
+    assert "holds no runs" in capsys.readouterr().err
+
+
+def test_a_detection_sweep_reports_its_primary_metric(tmp_path):
+    """Task-agnostic: the primary metric named by the runs' summaries (AP for detection) is the value."""
+    s = tmp_path / "det"
+    make_run(s, "sine", 0, {32: 0.30, 48: 0.20}, metric="AP", vary={"detr.pe_at": "input"})
+    make_run(s, "sine", 1, {32: 0.40, 48: 0.10}, metric="AP", vary={"detr.pe_at": "input"})
+    make_run(s, "none", 0, {32: 0.10, 48: 0.05}, metric="AP", vary={"detr.query_pos_at": "input"})
+    df = collect.collect(s)
+    assert set(df["metric"]) == {"AP"} and "AP" in df.columns and "detr.pe_at" in df.columns
+    assert df.loc[df["run"] == "sine+pe_at-input_seed1", "value"].tolist() == [0.40, 0.10]
+    text = report.write_report(s).read_text()
+    assert "| encoding | seeds | AP @32px (train) | AP @48px |" in text
+    assert "| sine [pe_at=input] | 2 | 0.350 ± 0.071 |" in text and "| none [query_pos_at=input] | 1 |" in text

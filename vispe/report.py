@@ -1,0 +1,217 @@
+"""Report of a sweep folder: mean +- std over seeds per encoding and evaluation size, and plots.
+
+    python -m vispe.report runs/sweeps/digits_cell
+
+reads (and rewrites) ``results.csv`` (vispe.sweep.collect) and writes into the sweep folder:
+``report.md`` (tables of the primary metric at the training size and at every evaluation size, with
+parameters, step time, peak memory, seeds finished, what is missing, and the commands from
+``sweep.json``), ``metric_vs_size.png`` (metric against evaluation size, error bars = std over
+seeds) and ``curves.png`` (test metric against epoch, mean over seeds). A group is one encoding
+plus any config key that takes more than one value in the sweep (e.g. ``peg [padding_mode=none]``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+def group_keys(df: pd.DataFrame) -> list[str]:
+    """Dotted config columns (overrides and --vary keys) that take more than one value."""
+    return [c for c in df.columns if "." in c and df[c].fillna("-").astype(str).nunique() > 1]
+
+
+def add_group(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with a ``group`` column: the encoding, plus ``[key=value, ...]`` for varied keys."""
+    df = df.copy()
+    keys = group_keys(df)
+
+    def label(row) -> str:
+        extra = [f"{k.rsplit('.', 1)[-1]}={row[k]}" for k in keys if pd.notna(row[k])]
+        return str(row["encoding"]) + (f" [{', '.join(extra)}]" if extra else "")
+
+    df["group"] = df.apply(label, axis=1) if len(df) else pd.Series(dtype=str)
+    return df
+
+
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (group, eval_size) of finished runs: mean, std (ddof 1; NaN for one seed), n, and
+    the run costs (params, mean step time, mean peak memory)."""
+    df = add_group(df)
+    fin = df[df["status"] == "finished"]
+    if fin.empty:
+        return pd.DataFrame(columns=["group", "eval_size", "is_train_size", "mean", "std", "n"])
+    g = fin.groupby(["group", "eval_size"], sort=False)
+    out = g.agg(mean=("value", "mean"), std=("value", "std"), n=("value", "size"),
+                is_train_size=("is_train_size", "first"), params=("params", "first"),
+                step_time_s=("step_time_s", "mean"), peak_mem_mb=("peak_mem_mb", "mean"),
+                train_time_s=("train_time_s", "mean")).reset_index()
+    out["eval_size"] = out["eval_size"].astype(int)  # float in the CSV when unfinished runs left NaNs
+    return out
+
+
+def fmt(mean: float, std: float, n: int, digits: int = 3) -> str:
+    if pd.isna(mean):
+        return "-"
+    return f"{mean:.{digits}f} ± {std:.{digits}f}" if n > 1 and pd.notna(std) else f"{mean:.{digits}f} (1 seed)"
+
+
+def markdown_table(summary: pd.DataFrame, metric: str = "acc", order: list[str] | None = None) -> str:
+    """Groups (rows, best at the training size first) x evaluation sizes, plus n and costs."""
+    if summary.empty:
+        return "(no finished runs)"
+    sizes = sorted(summary["eval_size"].unique())
+    train = summary[summary["is_train_size"].astype(bool)]
+    if order is None:
+        order = list(train.sort_values("mean", ascending=False)["group"]) or list(dict.fromkeys(summary["group"]))
+    train_size = int(train["eval_size"].iloc[0]) if len(train) else None
+    head = ["encoding", "seeds"] + [f"{metric} @{s}px" + (" (train)" if s == train_size else "") for s in sizes]
+    head += ["params", "step ms", "peak MiB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for grp in order:
+        rows = summary[summary["group"] == grp].set_index("eval_size")
+        if rows.empty:
+            continue
+        first = rows.iloc[0]
+        cells = [grp, str(int(rows["n"].max()))]
+        cells += [fmt(rows.loc[s, "mean"], rows.loc[s, "std"], int(rows.loc[s, "n"])) if s in rows.index else "-"
+                  for s in sizes]
+        cells += [f"{first['params'] / 1e3:.1f}k" if pd.notna(first["params"]) else "-",
+                  f"{first['step_time_s'] * 1e3:.0f}" if pd.notna(first["step_time_s"]) else "-",
+                  f"{first['peak_mem_mb']:.0f}" if pd.notna(first["peak_mem_mb"]) else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_vs_size(summary: pd.DataFrame, metric: str = "acc", groups: list[str] | None = None, ax=None):
+    """Metric against evaluation size per group, error bars = std over seeds; returns the Figure."""
+    import matplotlib.pyplot as plt
+
+    fig = ax.figure if ax is not None else plt.figure(figsize=(6.4, 4.2))
+    ax = ax or fig.add_subplot(111)
+    groups = groups or list(dict.fromkeys(summary["group"]))
+    for grp in groups:
+        rows = summary[summary["group"] == grp].sort_values("eval_size")
+        if rows.empty:
+            continue
+        ax.errorbar(rows["eval_size"].to_numpy(float), rows["mean"].to_numpy(float),
+                    yerr=rows["std"].fillna(0.0).to_numpy(float), marker="o", ms=3,
+                    capsize=2, label=grp)
+    train = summary[summary["is_train_size"].astype(bool)]
+    if len(train):
+        ax.axvline(train["eval_size"].iloc[0], color="grey", ls=":", lw=1, label="training size")
+    ax.set_xlabel("evaluation size (px)")
+    ax.set_ylabel(f"test {metric}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def histories(sweep_dir: Path, df: pd.DataFrame) -> pd.DataFrame:
+    """Per-epoch metrics of every finished run: the rows of each ``<run>/<encoding>/metrics.csv``."""
+    df = add_group(df)
+    frames = []
+    for (run, enc, grp), _ in df[df["status"] == "finished"].groupby(["run", "encoding", "group"], sort=False):
+        f = Path(sweep_dir) / run / enc / "metrics.csv"
+        if f.is_file():
+            frames.append(pd.read_csv(f).assign(run=run, group=grp))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def plot_curves(hist: pd.DataFrame, metric: str = "acc", groups: list[str] | None = None, ax=None):
+    """Test metric against epoch, mean over seeds (band = min..max); returns the Figure."""
+    import matplotlib.pyplot as plt
+
+    fig = ax.figure if ax is not None else plt.figure(figsize=(6.4, 4.2))
+    ax = ax or fig.add_subplot(111)
+    col = f"test_{metric}"
+    if not hist.empty and col in hist:
+        for grp in groups or list(dict.fromkeys(hist["group"])):
+            h = hist[hist["group"] == grp].groupby("epoch")[col]
+            if not len(h):
+                continue
+            m = h.mean()
+            x = m.index.to_numpy(float)
+            (line,) = ax.plot(x, m.to_numpy(float), label=grp)
+            ax.fill_between(x, h.min().to_numpy(float), h.max().to_numpy(float), color=line.get_color(), alpha=0.15)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(col)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def status_lines(df: pd.DataFrame, sweep_dir: Path) -> list[str]:
+    """What has not finished, and the command that continues it."""
+    runs = df.drop_duplicates("run")
+    missing = runs[runs["status"] != "finished"]
+    if missing.empty:
+        return [f"All {len(runs)} runs finished."]
+    lines = [f"{len(runs) - len(missing)} of {len(runs)} runs finished; not finished here (partial):"]
+    lines += [f"- `{r.run}`: {r.status}" for r in missing.itertuples()]
+    lines.append("Continue with the same sweep command(s) listed below: finished runs are skipped, "
+                 "interrupted ones resume from their checkpoints.")
+    return lines
+
+
+def write_report(sweep_dir: str | Path) -> Path:
+    """Collect, tabulate and plot a sweep folder; returns the path of report.md."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from vispe.sweep.collect import collect
+
+    sweep_dir = Path(sweep_dir)
+    df = collect(sweep_dir)
+    if df.empty:
+        raise ValueError(f"sweep folder {str(sweep_dir)!r} holds no runs")
+    metric = df["metric"].dropna().iloc[0] if "metric" in df and df["metric"].notna().any() else "acc"
+    summary = summarize(df)
+    parts = [f"# Sweep {sweep_dir.name}: test {metric}, mean ± std over seeds\n",
+             markdown_table(summary, metric), "",
+             "step ms = mean training time per optimiser step (data loading included); peak MiB = the "
+             "run's peak memory (CPU: max RSS of the process; GPU: max allocated).", ""]
+    parts += status_lines(df, sweep_dir) + [""]
+    info = json.loads((sweep_dir / "sweep.json").read_text()) if (sweep_dir / "sweep.json").is_file() else {}
+    if info.get("invocations"):
+        parts.append("## Commands")
+        for inv in info["invocations"]:
+            parts.append(f"- `{inv['command']}`  \n  commit {inv.get('commit')}, {inv.get('machine')}, "
+                         f"{inv.get('started')} - {inv.get('ended', 'not ended (stopped or running)')}")
+    fin = df[df["status"] == "finished"].drop_duplicates("run")
+    if len(fin):
+        parts.append(f"\nTraining time, all finished runs: {fin['train_time_s'].sum() / 60:.1f} min; "
+                     f"wall time {fin['wall_s'].sum() / 60:.1f} min. Devices: {', '.join(sorted(set(fin['device'])))}.")
+    out = sweep_dir / "report.md"
+    out.write_text("\n".join(parts) + "\n")
+    if not summary.empty:
+        for name, fig in (("metric_vs_size.png", plot_vs_size(summary, metric)),
+                          ("curves.png", plot_curves(histories(sweep_dir, df), metric))):
+            fig.savefig(sweep_dir / name, dpi=110)
+            plt.close(fig)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m vispe.report", description=__doc__.split("\n\n")[0])
+    p.add_argument("sweep_dir", help="a folder made by python -m vispe.sweep")
+    args = p.parse_args(argv)
+    try:
+        out = write_report(args.sweep_dir)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"vispe.report: error: {e}", file=sys.stderr)
+        return 2
+    print(out.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

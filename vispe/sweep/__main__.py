@@ -1,0 +1,5 @@
+import sys
+
+from vispe.sweep.cli import main
+
+sys.exit(main())

@@ -1,0 +1,88 @@
+"""Collect a sweep folder into one tidy table: one row per (run, evaluation size).
+
+Columns: ``run``, ``status`` (finished / unfinished / failed / not started), ``encoding``, ``seed``, one
+column per override and per ``--vary`` key (named by the dotted key), ``task``, ``data``, ``model``,
+``metric`` (the task's primary metric, e.g. ``acc`` or ``AP``), ``train_size``, ``eval_size``,
+``scale``, ``is_train_size``, ``value`` (the primary metric at that size), every other metric the
+task reports at that size, ``params``, ``epochs``, ``steps``, ``step_time_s`` (mean training time per
+optimiser step), ``peak_mem_mb`` and ``peak_mem_kind``, ``train_time_s``, ``wall_s``, ``device``,
+``commit``. A run that has not finished has one row with empty metrics, so a report can say what is
+missing.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+POINT_FILE = "point.json"  # written by the sweep into each run folder before it runs
+RESULTS_FILE = "results.csv"
+_RUN_KEYS = ("params", "epochs", "steps", "step_time_s", "peak_mem_mb", "peak_mem_kind", "train_time_s",
+             "eval_time_s", "device", "world_size", "torch")
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
+def run_status(folder: Path, point: dict | None) -> str:
+    from vispe.train import rundir
+
+    st = rundir.state(folder)
+    if st == "finished":
+        return "finished"
+    if point and point.get("last_rc") not in (None, 0, 130):  # 130: stopped by Ctrl-C / SIGTERM, resumable
+        return "failed"
+    return "unfinished" if st == "unfinished" else "not started"
+
+
+def run_rows(folder: Path) -> list[dict]:
+    """The rows of one run folder (a grid point)."""
+    point = _read_json(folder / POINT_FILE) or {}
+    top = _read_json(folder / "summary.json") or {}
+    status = run_status(folder, point)
+    pe = point.get("pe") or next(iter(top.get("encodings", {})), None)
+    base = {"run": folder.name, "status": status, "encoding": pe, "seed": point.get("seed")}
+    for o in point.get("overrides", []):
+        key, _, value = o.partition("=")
+        base[key] = value
+    base.update(point.get("vary", {}))
+    summ = _read_json(folder / str(pe) / "summary.json") if pe else None
+    if status != "finished" or not summ:
+        return [{**base, "commit": point.get("commit")}]
+    metric = summ["primary"]
+    base.update({"task": summ.get("task"), "data": summ.get("data"), "model": summ.get("model"), "metric": metric,
+                 "train_size": summ.get("train_img_size")})
+    run = {k: summ.get(k) for k in _RUN_KEYS}
+    run.update({"wall_s": top.get("runtime_s"), "commit": point.get("commit")})
+    rows = []
+    for size, res in sorted(summ["eval"].items(), key=lambda kv: int(kv[0])):
+        extra = {k: v for k, v in res.items() if k != "scale"}
+        rows.append({**base, "eval_size": int(size), "scale": res.get("scale"),
+                     "is_train_size": int(size) == summ.get("train_img_size"), "value": res.get(metric),
+                     **extra, **run})
+    return rows
+
+
+def run_folders(sweep_dir: Path) -> list[Path]:
+    """Sub-folders that are grid points (hold point.json or a train.py config.yaml)."""
+    return sorted(p for p in Path(sweep_dir).iterdir()
+                  if p.is_dir() and ((p / POINT_FILE).is_file() or (p / "config.yaml").is_file()))
+
+
+def collect(sweep_dir: str | Path, *, write: bool = True):
+    """A pandas DataFrame of every run of ``sweep_dir``; also written to ``<sweep_dir>/results.csv``."""
+    import pandas as pd
+
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise FileNotFoundError(f"sweep folder {str(sweep_dir)!r} does not exist")
+    rows = [r for f in run_folders(sweep_dir) for r in run_rows(f)]
+    df = pd.DataFrame(rows)
+    if write:
+        tmp = sweep_dir / (RESULTS_FILE + ".tmp")
+        df.to_csv(tmp, index=False)
+        tmp.replace(sweep_dir / RESULTS_FILE)
+    return df
