@@ -13,6 +13,8 @@
 import pytest
 import torch
 
+from vispe.kernels import rope
+
 import vispe
 from vispe.models.vit import create_vit
 
@@ -51,7 +53,8 @@ def test_prefix_rule_of_each_family(pe, no_embed_class):
         elif fam == "rotary":
             attn = m.blocks[0].attn
             q, k = torch.randn(2, 2, 2, P + 6, 16).unbind(0)
-            rq, rk = attn._rotate(q, k, ctx)
+            rq, rk = rope.rotate_qk(attn.pe, torch.stack([q, k]), ctx.shape, ctx.mask, ctx.num_prefix_tokens,
+                                    impl=attn.rope_impl).unbind(0)  # (B, heads, P+N, hd) each
             torch.testing.assert_close(rq[:, :, :P], q[:, :, :P], rtol=0, atol=0)  # unrotated
             torch.testing.assert_close(rk[:, :, :P], k[:, :, :P], rtol=0, atol=0)
             assert (rq[:, :, P:] - q[:, :, P:]).abs().max() > 1e-3  # the grid tokens are rotated
