@@ -7,7 +7,6 @@ stall the timed code several-fold (``bench/threads.py``). An explicit setting wi
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import time
 
@@ -19,17 +18,10 @@ import torch  # noqa: E402
 
 def machine() -> str:
     """CPU model (or GPU name), cores, torch threads, torch version, load average."""
-    if torch.cuda.is_available():
-        where = torch.cuda.get_device_name()
-    else:
-        where = platform.processor() or platform.machine()
-        try:
-            with open("/proc/cpuinfo") as f:
-                where = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), where)
-        except OSError:
-            pass
-        where = f"{where}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
-    return f"{where}; torch {torch.__version__}; load average {load()}"
+    from vispe.train.runner import machine as device_words  # the words of train.py's summaries
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return f"{device_words(device)}; torch {torch.__version__}; load average {load()}"
 
 
 def load() -> str:

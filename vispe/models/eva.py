@@ -37,6 +37,7 @@ from vispe.attention import PosContext
 from vispe.coords import resize_mask
 from vispe.image.learned_abs import resample_grid_table
 from vispe.image.rope_mixed import from_rope_vit_freqs
+from vispe.models._intermediates import forward_intermediates
 from vispe.models._timm_keys import TimmPosEmbedKeys
 from vispe.registry import build_in, get
 
@@ -253,28 +254,7 @@ class VispeEva(TimmPosEmbedKeys, Eva):
         x, ctx = self.forward_tokens(x, mask)
         return self.forward_head(x, mask=ctx.mask)
 
-    def forward_intermediates(self, x: torch.Tensor, indices=None, return_prefix_tokens: bool = False,
-                              norm: bool = False, stop_early: bool = False, output_fmt: str = "NCHW",
-                              intermediates_only: bool = False, mask: torch.Tensor | None = None):
-        """timm's ``forward_intermediates`` (block outputs) with the vispe encoding in every block."""
-        from timm.models._features import feature_take_indices
-
-        _checks.choice("output_fmt", output_fmt, ("NCHW", "NLC"))
-        take, max_index = feature_take_indices(len(self.blocks), indices)
-        B = x.shape[0]
-        x, ctx = self._tokens(x, mask)
-        outs = []
-        for i in range((max_index if stop_early else len(self.blocks) - 1) + 1):
-            x = self._run_block(i, x, ctx)
-            if i in take:
-                outs.append(self.norm(x) if norm else x)
-        P, (h, w) = self.num_prefix_tokens, ctx.shape
-        prefix, outs = [y[:, :P] for y in outs], [y[:, P:] for y in outs]
-        if output_fmt == "NCHW":
-            outs = [y.reshape(B, h, w, -1).permute(0, 3, 1, 2).contiguous() for y in outs]
-        if return_prefix_tokens and P:
-            outs = list(zip(outs, prefix))
-        return outs if intermediates_only else (self.norm(x), outs)
+    forward_intermediates = forward_intermediates  # vispe/models/_intermediates.py
 
 
 def convert_eva(model: Eva, pe: str | None = None, *, pe_kwargs: dict | None = None, pe_at: str = "input",

@@ -45,6 +45,7 @@ from torch.utils.checkpoint import checkpoint
 
 from vispe import _checks, _tracing
 from vispe.attention import Attention, PosContext
+from vispe.models._intermediates import forward_intermediates
 from vispe.models._timm_keys import TimmPosEmbedKeys
 from vispe.models._vit_inputs import check_images, masked_pool, patch_mask
 from vispe.registry import build_in, get
@@ -204,32 +205,7 @@ class VispeViT(TimmPosEmbedKeys, VisionTransformer):
         x, ctx = self.forward_tokens(x, mask)
         return self.forward_head(x, mask=ctx.mask)
 
-    def forward_intermediates(self, x: torch.Tensor, indices=None, return_prefix_tokens: bool = False,
-                              norm: bool = False, stop_early: bool = False, output_fmt: str = "NCHW",
-                              intermediates_only: bool = False, mask: torch.Tensor | None = None):
-        """timm's ``forward_intermediates`` (block outputs), with the encoding applied in every block."""
-        from timm.models._features import feature_take_indices
-
-        _checks.choice("output_fmt", output_fmt, ("NCHW", "NLC"))
-        take, max_index = feature_take_indices(len(self.blocks), indices)
-        x, ctx = self._tokens(x, mask)
-        B = x.shape[0]
-        outs = []
-        last = max_index if stop_early else len(self.blocks) - 1
-        for i in range(last + 1):
-            x = self._run_block(i, x, ctx)
-            if i in take:
-                outs.append(self.norm(x) if norm else x)
-        P, (h, w) = self.num_prefix_tokens, ctx.shape
-        prefix = [y[:, :P] for y in outs]
-        outs = [y[:, P:] for y in outs]
-        if output_fmt == "NCHW":
-            outs = [y.reshape(B, h, w, -1).permute(0, 3, 1, 2).contiguous() for y in outs]
-        if return_prefix_tokens and P:
-            outs = list(zip(outs, prefix))
-        if intermediates_only:
-            return outs
-        return self.norm(x), outs
+    forward_intermediates = forward_intermediates  # vispe/models/_intermediates.py
 
 
 def create_vit(name: str = "vit_cifar", *, pe: str | None = None, img_size=None, patch_size: int | None = None,
