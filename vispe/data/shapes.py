@@ -7,11 +7,11 @@ folder; it is then read by the same loader as COCO (``vispe.data.coco``)::
     folder/vispe_shapes.json   the completion stamp: generator version, seed and options
 
 Content (deterministic given ``seed`` and the options): images of independent height and width
-in ``[min_side, max_side]`` (default 96..160, so batches get padded) on textured backgrounds (a
+in ``[min_side, max_side]`` (default 64..96, so batches get padded) on textured backgrounds (a
 base colour, smooth colour blotches, stripes or a checkerboard or neither, pixel noise); 0 to
 ``max_objects`` (default 4) objects per image, so about one image in five has none; classes
 (category ids 1..5) square, disc, triangle (pointing up, down, left or right), cross and ring,
-``min_object``..``max_object`` pixels wide (default 12..60), in a colour far from the
+``min_object``..``max_object`` pixels wide (default 12..40), in a colour far from the
 background under it: with ``colours="by_class"`` (default) of the class's own hue (0, 0.2, 0.4,
 0.6, 0.8 for ids 1..5, +-0.04, random saturation and brightness), so colour as well as shape tells
 the classes apart and a small detector trained from scratch on a CPU learns in minutes what the
@@ -20,7 +20,7 @@ apart (much slower to learn: a small DETR stayed at the class prior for 800 step
 image, the others may be cut by the border (at least 40 % of the shape and 6 pixels in each
 direction visible). The box of an object is the tight box of its visible pixels ``[x, y, w, h]``
 (pixel edges) and ``area`` its pixel count. JPEG quality 90. Defaults: 1,500 train and 200 val
-images (about 13 MB). The loader's defaults for this set: ``img_size=128``, ``max_size=192``.
+images (about 7 MB). The loader's defaults for this set: ``img_size=64``, ``max_size=96``.
 
 Writing is atomic: the set is written into a temporary sibling folder, the stamp last, and
 renamed into place; a run killed half-way leaves only the temporary folder (removed by the next
