@@ -60,7 +60,22 @@ DETR_ROWS = [  # (DETR Table 3 row, group label in the sweep's report, published
     ("learned at attn. / learned at attn.", "learned_rowcol", "39.6 / 60.7"),
     ("none / sine at attn.", "sine [pe_at={encoder: none, decoder: attn, queries: attn}]", "39.3 / 60.3"),
     ("sine at attn. / sine at attn. (default)", "sine", "40.6 / 61.6"),
+    ("sine at attn. / sine at attn., queries learned at input (not in DETR)", "sine [query_pos_at=input]", "-"),
 ]
+
+
+def _key(group: str) -> tuple:
+    """A group label as (encoding, sorted settings), so that the order of the varied keys does not matter."""
+    name, _, rest = group.partition(" [")
+    parts, depth, cur = [], 0, ""
+    for ch in rest.rstrip("]"):
+        depth += (ch in "{[") - (ch in "}]")
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return (name, tuple(sorted(p for p in parts + [cur.strip()] if p)))
 
 
 def detr_table() -> str:
@@ -69,7 +84,7 @@ def detr_table() -> str:
              "|---|---|---|---|---|"]
     fin = None if df is None else report.add_group(df[(df["status"] == "finished") & df["is_train_size"].astype(bool)])
     for row, group, paper in DETR_ROWS:
-        g = None if fin is None else fin[fin["group"] == group]
+        g = None if fin is None else fin[fin["group"].map(_key) == _key(group)]
         if g is None or g.empty:
             lines.append(f"| {row} | pending | pending | 0 | {paper} |")
             continue
