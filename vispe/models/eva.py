@@ -37,7 +37,7 @@ from vispe.attention import PosContext
 from vispe.coords import resize_mask
 from vispe.image.learned_abs import resample_grid_table
 from vispe.image.rope_mixed import from_rope_vit_freqs
-from vispe.models._intermediates import forward_intermediates
+from vispe.models._token_loop import TokenLoop
 from vispe.models._timm_keys import TimmPosEmbedKeys
 from vispe.registry import build_in, get
 
@@ -78,7 +78,7 @@ def _native_name(model: Eva) -> str | None:
         return None
 
 
-class VispeEva(TimmPosEmbedKeys, Eva):
+class VispeEva(TokenLoop, TimmPosEmbedKeys, Eva):
     """timm's Eva with a vispe encoding (module docstring). Made by ``convert_eva``.
 
     Checkpoint keys: Eva's own, plus the encoding's (``blocks.i.attn.pe.*`` per layer, ``pe.*``);
@@ -221,21 +221,8 @@ class VispeEva(TimmPosEmbedKeys, Eva):
     def _run_block(self, i: int, x: torch.Tensor, ctx: PosContext) -> torch.Tensor:
         x = self.blocks[i](x, **self._block_args(i, x, ctx))
         if self.pe_family == "conditional" and i in self.peg_blocks:
-            P, (h, w) = ctx.num_prefix_tokens, ctx.shape
-            grid = x[:, P:].transpose(1, 2).reshape(x.shape[0], -1, h, w)  # (B, C, h, w)
-            grid = grid + self.pe(grid, ctx.mask)
-            x = torch.cat([x[:, :P], grid.flatten(2).transpose(1, 2)], dim=1)  # (B, P+N, C)
+            x = self._apply_peg(x, ctx)
         return x
-
-    def forward_tokens(self, x: torch.Tensor, mask: torch.Tensor | None = None):
-        """Images (B, C, H, W) [+ padding mask (B, H, W)] -> (tokens (B, P+N, C), ctx)."""
-        x, ctx = self._tokens(x, mask)
-        for i in range(len(self.blocks)):
-            x = self._run_block(i, x, ctx)
-        return self.norm(x), ctx
-
-    def forward_features(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self.forward_tokens(x, mask)[0]
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False, mask: torch.Tensor | None = None):
         """Eva's head; with a grid padding mask, average pooling skips padded tokens (other pools
@@ -249,12 +236,6 @@ class VispeEva(TimmPosEmbedKeys, Eva):
             raise ValueError(f"a padding mask with global_pool={self.global_pool!r}: only 'avg' and 'token' "
                              "pooling ignore padded tokens here")
         return super().forward_head(x, pre_logits=pre_logits)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        x, ctx = self.forward_tokens(x, mask)
-        return self.forward_head(x, mask=ctx.mask)
-
-    forward_intermediates = forward_intermediates  # vispe/models/_intermediates.py
 
 
 def convert_eva(model: Eva, pe: str | None = None, *, pe_kwargs: dict | None = None, pe_at: str = "input",

@@ -45,7 +45,7 @@ from torch.utils.checkpoint import checkpoint
 
 from vispe import _checks, _tracing
 from vispe.attention import Attention, PosContext
-from vispe.models._intermediates import forward_intermediates
+from vispe.models._token_loop import TokenLoop
 from vispe.models._timm_keys import TimmPosEmbedKeys
 from vispe.models._vit_inputs import check_images, masked_pool, patch_mask
 from vispe.registry import build_in, get
@@ -70,7 +70,7 @@ class VispeBlock(Block):
         return x
 
 
-class VispeViT(TimmPosEmbedKeys, VisionTransformer):
+class VispeViT(TokenLoop, TimmPosEmbedKeys, VisionTransformer):
     """timm VisionTransformer with a vispe encoding (see the module docstring)."""
 
     #: refuse NaN / inf pixels (opt-in: costs one pass over the input per call)
@@ -174,22 +174,6 @@ class VispeViT(TimmPosEmbedKeys, VisionTransformer):
             x = self._apply_peg(x, ctx)
         return x
 
-    def _apply_peg(self, x: torch.Tensor, ctx: PosContext) -> torch.Tensor:
-        P, (h, w) = ctx.num_prefix_tokens, ctx.shape
-        grid = x[:, P:].transpose(1, 2).reshape(x.shape[0], -1, h, w)  # (B, C, h, w)
-        grid = grid + self.pe(grid, ctx.mask)
-        return torch.cat([x[:, :P], grid.flatten(2).transpose(1, 2)], dim=1)  # (B, P+N, C)
-
-    def forward_tokens(self, x: torch.Tensor, mask: torch.Tensor | None = None):
-        """Images (B, C, H, W) [+ padding mask (B, H, W), True = padding] -> (tokens (B, P+N, C), ctx)."""
-        x, ctx = self._tokens(x, mask)
-        for i in range(len(self.blocks)):
-            x = self._run_block(i, x, ctx)
-        return self.norm(x), ctx
-
-    def forward_features(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self.forward_tokens(x, mask)[0]
-
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False, mask: torch.Tensor | None = None) -> torch.Tensor:
         """timm's head on tokens (B, P+N, C); with a grid padding mask (B, h, w) the pooling ignores
         padded tokens ("avg", "max", "avgmax", "map"; "token" and "" need nothing; "prr" refuses)."""
@@ -200,12 +184,6 @@ class VispeViT(TimmPosEmbedKeys, VisionTransformer):
                         include_prefix=self.pool_include_prefix, attn_pool=self.attn_pool)  # (B, C)
         x = self.head_drop(self.fc_norm(x))
         return x if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        x, ctx = self.forward_tokens(x, mask)
-        return self.forward_head(x, mask=ctx.mask)
-
-    forward_intermediates = forward_intermediates  # vispe/models/_intermediates.py
 
 
 def create_vit(name: str = "vit_cifar", *, pe: str | None = None, img_size=None, patch_size: int | None = None,
