@@ -57,3 +57,21 @@ def load_train_main():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.main
+
+
+def execute_notebook(path: Path, monkeypatch, last_cell: str):
+    """Run notebook ``path`` at small scale (VISPE_NB_SMALL=1) in the interpreter running the tests,
+    with ``last_cell`` appended; returns the executed notebook and its code-cell outputs, checked
+    to hold no error."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    monkeypatch.setenv("VISPE_NB_SMALL", "1")
+    nb = nbformat.read(path, as_version=4)
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    nb.cells.append(nbformat.v4.new_code_cell(last_cell))
+    client = nbclient.NotebookClient(nb, timeout=240, kernel_name="python3",
+                                     resources={"metadata": {"path": str(path.parent)}})
+    client.execute()  # raises CellExecutionError on the first failing cell
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    return nb, outputs

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import execute_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "compare_encodings.ipynb"
@@ -16,20 +17,10 @@ NOTEBOOK = ROOT / "notebooks" / "compare_encodings.ipynb"
 
 @pytest.mark.slow
 def test_compare_encodings_notebook_executes(monkeypatch):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    monkeypatch.setenv("VISPE_NB_SMALL", "1")
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    assert nb.metadata["kernelspec"]["name"] == "python3"
+    nb, outputs = execute_notebook(NOTEBOOK, monkeypatch, "import sys, vispe; print(sys.executable, SCALE, vispe.__file__)")
     for cell in nb.cells:  # the notebook defines nothing: plotting calls only
         assert cell.cell_type == "markdown" or not any(line.startswith(("def ", "class ")) for line in cell.source.splitlines())
-    nb.cells.append(nbformat.v4.new_code_cell("import sys, vispe; print(sys.executable, SCALE, vispe.__file__)"))
-    client = nbclient.NotebookClient(nb, timeout=240, kernel_name="python3",
-                                     resources={"metadata": {"path": str(NOTEBOOK.parent)}})
-    client.execute()  # raises CellExecutionError on the first failing cell
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
-    assert not [o for o in outputs if o.output_type == "error"]
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 12
     assert sum("text/markdown" in o.get("data", {}) for o in outputs) >= 1  # the tables
     exe, scale, path = nb.cells[-1].outputs[0]["text"].split()

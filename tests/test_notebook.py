@@ -11,23 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import execute_notebook
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "padding_leakage.ipynb"
 
 
 @pytest.mark.slow
 def test_padding_leakage_notebook_executes(monkeypatch):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    monkeypatch.setenv("VISPE_NB_SMALL", "1")
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    assert nb.metadata["kernelspec"]["name"] == "python3"
-    nb.cells.append(nbformat.v4.new_code_cell("import sys; print(sys.executable, SCALE)"))
-    client = nbclient.NotebookClient(nb, timeout=240, kernel_name="python3",
-                                     resources={"metadata": {"path": str(NOTEBOOK.parent)}})
-    client.execute()  # raises CellExecutionError on the first failing cell
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
-    assert not [o for o in outputs if o.output_type == "error"]
+    nb, outputs = execute_notebook(NOTEBOOK, monkeypatch, "import sys; print(sys.executable, SCALE)")
     assert sum("image/png" in o.get("data", {}) for o in outputs) >= 5  # targets, maps, 2 bar charts, ViT
     assert sum("text/html" in o.get("data", {}) for o in outputs) >= 3  # the pandas tables
     assert nb.cells[-1].outputs[0]["text"].split() == [sys.executable, "tiny"]
