@@ -1,6 +1,6 @@
 """train.py's training step with another busy process on the machine, per torch thread setting.
 
-    python bench/threads.py [--rounds 3] [--steps 40] [--busy 1] [--config configs/default.yaml]
+    python bench/threads.py [--rounds 3] [--steps 40] [--busy 1] [--config configs/default.yaml] [--spincount N]
 
 Each setting runs in its own process (OpenMP reads its wait policy when torch loads) and times
 ``--steps`` training steps (forward, backward, AdamW) of the config's model on random images
@@ -79,6 +79,8 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--busy", type=int, default=1, help="extra spinning processes in the loaded runs")
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "default.yaml"))
+    ap.add_argument("--spincount", type=int, default=None,
+                    help="add a setting: one thread per core with GNU OpenMP's GOMP_SPINCOUNT=N")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -91,6 +93,9 @@ def main(argv=None) -> None:
                 "train.threads=1": {"threads": 1},
                 f"after: train.py's default (auto = {cores} threads, passive)": {
                     "threads": 0, "env": {"OMP_WAIT_POLICY": "PASSIVE"}}}
+    if args.spincount is not None:
+        settings[f"{cores} threads, GOMP_SPINCOUNT={args.spincount} (spin briefly, then sleep)"] = {
+            "threads": cores, "env": {"GOMP_SPINCOUNT": str(args.spincount)}}
     times = {(n, busy): [] for n in settings for busy in (False, True)}
     loads = []
     for _ in range(args.rounds):

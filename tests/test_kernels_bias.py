@@ -149,3 +149,26 @@ def test_vit_set_impl_switches_every_layer_and_keeps_results():
     torch.testing.assert_close(out2, out, **TOL)
     for n, g in grads.items():
         torch.testing.assert_close(m.get_parameter(n).grad, g, **TOL, msg=n)
+
+
+@pytest.mark.parametrize("name", ["relbias", "log_cpb", "irpe", "relbias_axis"])
+def test_table_lookup_equals_plain_indexing_with_its_gradient(name):
+    """gather_bias (index_select, index_add_ backward) and the contiguous relbias_axis sum give
+    what ``table[index]`` indexing gives, value and table gradient, on a 3x5 grid."""
+    from vispe.image._bias import gather_bias
+    from vispe.image.relbias import relative_position_index
+
+    torch.manual_seed(0)
+    table = torch.randn(5 * 9, 4, requires_grad=True)  # ((2h-1)(2w-1), heads)
+    index = relative_position_index(3, 5)  # (15, 15)
+    g = torch.randn(1, 4, 15, 15)
+    got = gather_bias(table, index)
+    assert got.is_contiguous() and got.shape == (1, 4, 15, 15)
+    (dg,) = torch.autograd.grad(got, table, g)
+    want = table[index].permute(2, 0, 1)[None]
+    (dw,) = torch.autograd.grad(want, table, g)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(dg, dw, rtol=1e-6, atol=1e-6)
+    enc = build_in(name, dict(dim=32, num_heads=4, head_dim=8, grid=(3, 5), num_prefix_tokens=0))
+    bias = enc((3, 5))
+    assert bias.is_contiguous() and bias.shape == (1, 4, 15, 15)

@@ -24,6 +24,17 @@ from vispe.encoding import BiasEncoding
 from vispe.coords import float32_math
 
 
+def gather_bias(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``table[index]`` as a contiguous (1, heads, N, N) bias: index_select along the table's rows
+    on its (heads, L) transpose, so that the backward is one ``index_add_`` (16x faster on the CPU
+    at 32x32 tokens than the ``index_put_`` of ``table[index].permute(...)``, timm's form).
+
+    table (L, heads); index (N, N) long into L.  # (1, heads, N, N)
+    """
+    n = index.shape
+    return table.t().contiguous().index_select(1, index.reshape(-1)).view(1, table.shape[1], *n)
+
+
 class BiasBase(BiasEncoding):
     """Base of vispe's 2D bias encodings. Subclasses implement ``grid_bias``.
 

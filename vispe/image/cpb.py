@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vispe import _checks
-from vispe.image._bias import BiasBase
+from vispe.image._bias import BiasBase, gather_bias
 from vispe.image.relbias import relative_position_index
 from vispe.registry import register
 
@@ -72,7 +72,7 @@ class LogCPB(BiasBase):
         index = self.cached(("relbias_index", h, w, device, torch.long),
                             lambda: relative_position_index(h, w, device=device))  # (N, N)
         table = self.table(coords).reshape(-1, self.num_heads)  # ((2h-1)(2w-1), heads)
-        return table[index].permute(2, 0, 1)[None]  # (1, heads, N, N)
+        return gather_bias(table, index)  # (1, heads, N, N)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, hidden_dim={self.hidden_dim}, pretrained_window={self.pretrained_window}"

@@ -114,7 +114,7 @@ class IRPE(BiasBase):
     def _lookup(self, table: torch.Tensor, index: torch.Tensor, q: torch.Tensor | None) -> torch.Tensor:
         N = index.shape[0]
         if not self.contextual:
-            return table[:, index][None]  # (1, heads, N, N)
+            return table.index_select(1, index.reshape(-1)).view(1, -1, N, N)  # (1, heads, N, N); backward index_add_
         qg = q[:, :, self.num_prefix_tokens:].float() * self.head_dim ** -0.5  # (B, heads, N, d)
         qr = torch.einsum("bhnd,hkd->bhnk", qg, table)  # (B, heads, N, buckets)
         return qr.gather(-1, index[None, None].expand(qr.shape[0], qr.shape[1], N, N))  # (B, heads, N, N)

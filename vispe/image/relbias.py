@@ -27,7 +27,7 @@ from torch import nn
 
 from vispe import _checks, _tracing
 from vispe.coords import grid_coords
-from vispe.image._bias import BiasBase
+from vispe.image._bias import BiasBase, gather_bias
 from vispe.registry import register
 
 RESIZE_MODES = ("bicubic", "bilinear")
@@ -85,7 +85,7 @@ class RelBias(BiasBase):
         index = self.cached(("relbias_index", h, w, device, torch.long),
                             lambda: relative_position_index(h, w, device=device))  # (N, N)
         table = self.table_for(shape).to(device, torch.float32)  # (L', heads)
-        return table[index].permute(2, 0, 1)[None]  # (1, heads, N, N)
+        return gather_bias(table, index)  # (1, heads, N, N)
 
     @torch.no_grad()
     def resize_(self, shape) -> "RelBias":

@@ -72,10 +72,10 @@ class AxisRelBias(BiasBase):
         h, w = shape
         iy = self.cached(("relbias_axis_y", h, device, torch.long), lambda: self.axis_index(h, device))  # (h, h)
         ix = self.cached(("relbias_axis_x", w, device, torch.long), lambda: self.axis_index(w, device))  # (w, w)
-        by = self.table_y.to(device, torch.float32)[iy]  # (h, h, heads) [y_i, y_j]
-        bx = self.table_x.to(device, torch.float32)[ix]  # (w, w, heads) [x_i, x_j]
-        bias = by[:, None, :, None] + bx[None, :, None, :]  # (h, w, h, w, heads)
-        return bias.reshape(h * w, h * w, -1).permute(2, 0, 1)[None]  # (1, heads, N, N)
+        by = self.table_y.to(device, torch.float32)[iy].permute(2, 0, 1).contiguous()  # (heads, h, h) [y_i, y_j]
+        bx = self.table_x.to(device, torch.float32)[ix].permute(2, 0, 1).contiguous()  # (heads, w, w) [x_i, x_j]
+        bias = by[:, :, None, :, None] + bx[:, None, :, None, :]  # (heads, h, w, h, w), contiguous
+        return bias.reshape(1, -1, h * w, h * w)  # (1, heads, N, N)
 
     def extra_repr(self) -> str:
         extra = f", num_buckets={self.num_buckets}" if self.index == "t5" else ""
