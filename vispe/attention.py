@@ -151,8 +151,8 @@ class Attention(TimmAttention):
         split = lambda t, n: t.reshape(B, L, n, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # noqa: E731
         pos = _checked_pos(ctx, L, x, "ctx.pos")
         if pos is None:
-            qkv = split(self.qkv(x), 3)  # (3, B, heads, L, hd)
-            return qkv[:2], qkv[2]
+            qk, v = split(self.qkv(x), 3).split([2, 1])  # (2, B, heads, L, hd), (1, B, heads, L, hd)
+            return qk, v.squeeze(0)  # split/squeeze: one cat in backward, not two zero-filled buffers
         A = self.attn_dim
         qk = self._project(x + pos, slice(0, 2 * A))  # (B, L, 2A): position on q and k
         v = self._project(x, slice(2 * A, 3 * A))  # (B, L, A): none on v
