@@ -22,7 +22,8 @@ def _run(impl, q, k, v, bias, kpm=None, attn_mask=None, chunk_bytes=4 * 2**20):
 
 @pytest.mark.parametrize("bias_batch", [1, 3])
 @pytest.mark.parametrize("padded", [False, True])
-@pytest.mark.parametrize("chunk_bytes", [4 * 2**20, 2 * 9 * 4 * 3])  # one block; 3 query rows per block
+@pytest.mark.parametrize("chunk_bytes", [4 * 2**20, 9 * 9 * 4, 2 * 9 * 4 * 3])  # one block; one head of one
+# item per block; rows of one head per block
 def test_chunked_equals_reference_outputs_and_gradients(bias_batch, padded, chunk_bytes):
     torch.manual_seed(0)
     B, H, L, d = 3, 2, 9, 8
@@ -172,3 +173,24 @@ def test_table_lookup_equals_plain_indexing_with_its_gradient(name):
     enc = build_in(name, dict(dim=32, num_heads=4, head_dim=8, grid=(3, 5), num_prefix_tokens=0))
     bias = enc((3, 5))
     assert bias.is_contiguous() and bias.shape == (1, 4, 15, 15)
+
+
+@pytest.mark.parametrize("shape, chunk, want", [
+    ((4, 6, 10, 10), 4 * 6 * 100 * 2, [(slice(0, 2), slice(0, 6), slice(0, 10)), (slice(2, 4), slice(0, 6), slice(0, 10))]),
+    ((2, 6, 10, 10), 4 * 100 * 4, [(slice(b, b + 1), slice(h, h + 3), slice(0, 10)) for b in range(2) for h in (0, 3)]),
+    ((1, 2, 10, 10), 4 * 10 * 4, [(slice(0, 1), slice(h, h + 1), slice(r, r + 4 if r < 8 else 10))
+                                  for h in range(2) for r in (0, 4, 8)]),
+])
+def test_blocks_cover_every_score_once_and_prefer_whole_heads(shape, chunk, want):
+    """Blocks of the chunked backward: batch items when they fit, else heads with all their rows,
+    else rows of one head; together they cover (B, H, Lq) exactly once."""
+    from vispe.kernels.bias_attention import _blocks
+
+    B, H, L, _ = shape
+    got = list(_blocks(B, H, L, L, chunk))
+    assert got == want
+    seen = torch.zeros(B, H, L, dtype=torch.int)
+    for bs, hs, rs in got:
+        seen[bs, hs, rs] += 1
+        assert (bs.stop - bs.start) * (hs.stop - hs.start) * (rs.stop - rs.start) * L * 4 <= chunk
+    assert bool((seen == 1).all())

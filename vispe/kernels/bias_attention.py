@@ -7,8 +7,8 @@ backward pass (about 8x the memory of the fused kernels, and 3x the time at 1,02
 * ``"reference"``: SDPA with the bias as ``attn_mask`` (padded keys set to -inf), as torch does it.
 * ``"chunked"`` (CPU default when the bias needs a gradient): ``BiasedAttention``, an autograd
   function whose forward runs the fused SDPA kernel with the bias detached, and whose backward
-  recomputes the probabilities block by block (a few batch items and query rows at a time, at most
-  ``chunk_bytes`` per block) to give the gradients of q, k, v and the bias. No (B, heads, L, L)
+  recomputes the probabilities block by block (a few batch items, else a few heads of one item
+  with all their rows, else query rows of one head; at most ``chunk_bytes`` per block) to give the gradients of q, k, v and the bias. No (B, heads, L, L)
   tensor is ever kept; with a key padding mask the forward also runs block by block, so the
   per-batch masked bias is never built whole.
 * ``"flex"``: ``torch.nn.attention.flex_attention`` with a ``score_mod`` that reads the bias
@@ -113,23 +113,32 @@ def _reference(q, k, v, bias, attn_mask, kpm, dropout_p, is_causal):
 
 
 def _blocks(B: int, H: int, Lq: int, Lk: int, chunk_bytes: int):
-    """(batch slice, query-row slice) blocks of about ``chunk_bytes`` float32 scores each."""
-    per_item = H * Lq * Lk * 4
+    """(batch, head, query-row) slices of about ``chunk_bytes`` float32 scores each: several batch
+    items when one fits, else several heads of one item with all their rows (fewer, larger matrix
+    products), else rows of one head."""
+    per_item, per_head = H * Lq * Lk * 4, Lq * Lk * 4
+    every_head, every_row = slice(0, H), slice(0, Lq)
     if per_item <= chunk_bytes:
         nb = max(1, chunk_bytes // per_item)
         for b in range(0, B, nb):
-            yield slice(b, min(b + nb, B)), slice(0, Lq)
-    else:
-        nr = -(-Lq // -(-per_item // chunk_bytes))  # rows per block, blocks of equal size
+            yield slice(b, min(b + nb, B)), every_head, every_row
+    elif per_head <= chunk_bytes:
+        nh = -(-H // -(-H // (chunk_bytes // per_head)))  # heads per block, blocks of equal size
         for b in range(B):
-            for r in range(0, Lq, nr):
-                yield slice(b, b + 1), slice(r, min(r + nr, Lq))
+            for h in range(0, H, nh):
+                yield slice(b, b + 1), slice(h, min(h + nh, H)), every_row
+    else:
+        nr = -(-Lq // -(-per_head // chunk_bytes))  # rows per block, blocks of equal size
+        for b in range(B):
+            for h in range(H):
+                for r in range(0, Lq, nr):
+                    yield slice(b, b + 1), slice(h, h + 1), slice(r, min(r + nr, Lq))
 
 
-def _block_bias(bias, kpm, bs, rs, out, shift=None):
-    """The bias of one block, padded keys at -inf, minus ``shift`` (nb, H, nr, 1) if given, written
-    into ``out`` (nb, H, nr, Lk) in one pass where possible."""
-    blk = bias.detach()[bs if bias.shape[0] > 1 else slice(0, 1), :, rs]  # (nb|1, H, nr, Lk)
+def _block_bias(bias, kpm, bs, hs, rs, out, shift=None):
+    """The bias of one block, padded keys at -inf, minus ``shift`` (nb, nh, nr, 1) if given, written
+    into ``out`` (nb, nh, nr, Lk) in one pass where possible."""
+    blk = bias.detach()[bs if bias.shape[0] > 1 else slice(0, 1), hs, rs]  # (nb|1, nh, nr, Lk)
     if kpm is not None:
         out = torch.where(kpm[bs, None, None, :], out.new_full((), float("-inf")), blk, out=out)
         return out if shift is None else out.sub_(shift)
@@ -153,9 +162,9 @@ class BiasedAttention(torch.autograd.Function):
         else:  # per block of batch items, so that the masked bias is never (B, H, L, L) at once
             out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
             lse, parts = q.new_empty(q.shape[:-1], dtype=torch.float32), True
-            for bs, _ in _blocks(B, H, Lq, Lk, max(chunk_bytes, H * Lq * Lk * 4)):
+            for bs, hs, _ in _blocks(B, H, Lq, Lk, max(chunk_bytes, H * Lq * Lk * 4)):
                 mask = torch.empty((bs.stop - bs.start, H, Lq, Lk), dtype=q.dtype, device=q.device)
-                out[bs], part = _sdpa(q[bs], k[bs], v[bs], _block_bias(bias, kpm, bs, slice(None), mask))
+                out[bs], part = _sdpa(q[bs], k[bs], v[bs], _block_bias(bias, kpm, bs, hs, slice(None), mask))
                 if part is None:
                     parts = False
                 else:
@@ -179,34 +188,34 @@ class BiasedAttention(torch.autograd.Function):
         dv = new(v, True) if need_v else None
         db = new(bias, True) if need_b else None
         neg_d = -(dout.to(wd) * out.to(wd)).sum(-1, keepdim=True)  # -D (B, H, Lq, 1)
-        for bs, rs in _blocks(B, H, Lq, Lk, ctx.chunk_bytes):
-            nb, nr = bs.stop - bs.start, rs.stop - rs.start
-            qc = _flat(q[bs, :, rs].to(wd))  # (nb*H, nr, d)
-            do = _flat(dout[bs, :, rs].to(wd))  # (nb*H, nr, d)
-            kc, vc = _flat(k[bs].to(wd)), _flat(v[bs].to(wd))  # (nb*H, Lk, d)
-            s = torch.empty((nb, H, nr, Lk), dtype=wd, device=q.device)
+        for bs, hs, rs in _blocks(B, H, Lq, Lk, ctx.chunk_bytes):
+            nb, nh, nr = bs.stop - bs.start, hs.stop - hs.start, rs.stop - rs.start
+            qc = _flat(q[bs, hs, rs].to(wd))  # (nb*nh, nr, d)
+            do = _flat(dout[bs, hs, rs].to(wd))  # (nb*nh, nr, d)
+            kc, vc = _flat(k[bs, hs].to(wd)), _flat(v[bs, hs].to(wd))  # (nb*nh, Lk, d)
+            s = torch.empty((nb, nh, nr, Lk), dtype=wd, device=q.device)
             if lse is not None:  # P = exp(S - lse), in place
-                s = _block_bias(bias, kpm, bs, rs, s, lse[bs, :, rs, None])
+                s = _block_bias(bias, kpm, bs, hs, rs, s, lse[bs, hs, rs, None])
                 p = _flat(s).baddbmm_(qc, kc.transpose(1, 2), alpha=scale).exp_()
-                ds = torch.baddbmm(_flat(neg_d[bs, :, rs]), do, vc.transpose(1, 2))  # dP - D
+                ds = torch.baddbmm(_flat(neg_d[bs, hs, rs]), do, vc.transpose(1, 2))  # dP - D
             else:
-                s = _flat(_block_bias(bias, kpm, bs, rs, s)).baddbmm_(qc, kc.transpose(1, 2), alpha=scale)  # S
+                s = _flat(_block_bias(bias, kpm, bs, hs, rs, s)).baddbmm_(qc, kc.transpose(1, 2), alpha=scale)  # S
                 p = torch.softmax(s, dim=-1)
-                ds = torch.baddbmm(_flat(neg_d[bs, :, rs]), do, vc.transpose(1, 2), out=s)  # dP - D
+                ds = torch.baddbmm(_flat(neg_d[bs, hs, rs]), do, vc.transpose(1, 2), out=s)  # dP - D
             ds.mul_(p)  # dS = P * (dP - D)
             if need_v:
-                _flat(dv[bs]).baddbmm_(p.transpose(1, 2), do)
+                _flat(dv[bs, hs]).baddbmm_(p.transpose(1, 2), do)
             del p
             if need_b:
-                ds4 = ds.view(nb, H, nr, Lk)
+                ds4 = ds.view(nb, nh, nr, Lk)
                 if bias.shape[0] == 1 and B > 1:
-                    db[:, :, rs] += ds4.sum(0, keepdim=True) if nb > 1 else ds4
+                    db[:, hs, rs] += ds4.sum(0, keepdim=True) if nb > 1 else ds4
                 else:
-                    db[bs, :, rs] += ds4
+                    db[bs, hs, rs] += ds4
             if need_q:
-                dq[bs, :, rs] = torch.bmm(ds, kc).mul_(scale).view(nb, H, nr, d)
+                dq[bs, hs, rs].view(-1, nr, d).baddbmm_(ds, kc, beta=0, alpha=scale)  # a view: blocks are contiguous in dq
             if need_k:
-                _flat(dk[bs]).baddbmm_(ds.transpose(1, 2), qc, alpha=scale)
+                _flat(dk[bs, hs]).baddbmm_(ds.transpose(1, 2), qc, alpha=scale)
         cast = lambda g, like: None if g is None else g.to(like.dtype)  # noqa: E731
         return cast(dq, q), cast(dk, k), cast(dv, v), cast(db, bias), None, None
 
