@@ -180,6 +180,7 @@ def test_table_lookup_equals_plain_indexing_with_its_gradient(name):
     ((2, 6, 10, 10), 4 * 100 * 4, [(slice(b, b + 1), slice(h, h + 3), slice(0, 10)) for b in range(2) for h in (0, 3)]),
     ((1, 2, 10, 10), 4 * 10 * 4, [(slice(0, 1), slice(h, h + 1), slice(r, r + 4 if r < 8 else 10))
                                   for h in range(2) for r in (0, 4, 8)]),
+    ((1, 1, 10, 10), 159, [(slice(0, 1), slice(0, 1), slice(r, r + 3 if r < 9 else 10)) for r in (0, 3, 6, 9)]),
 ])
 def test_blocks_cover_every_score_once_and_prefer_whole_heads(shape, chunk, want):
     """Blocks of the chunked backward: batch items when they fit, else heads with all their rows,
@@ -194,3 +195,19 @@ def test_blocks_cover_every_score_once_and_prefer_whole_heads(shape, chunk, want
         seen[bs, hs, rs] += 1
         assert (bs.stop - bs.start) * (hs.stop - hs.start) * (rs.stop - rs.start) * L * 4 <= chunk
     assert bool((seen == 1).all())
+
+
+@pytest.mark.parametrize("bias_dtype", [torch.float32, torch.bfloat16])
+def test_chunked_bfloat16_with_padding_matches_reference(bias_dtype):
+    """bfloat16 q, k, v with a key padding mask (the CPU autocast case): the chunked path runs and
+    agrees with the reference path to bfloat16 precision (it once failed on the dtype of a block)."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 7, 8, dtype=torch.bfloat16) for _ in range(3))
+    bias = torch.randn(1, 2, 7, 7, dtype=bias_dtype)
+    kpm = torch.zeros(2, 7, dtype=torch.bool)
+    kpm[0, 5:] = True
+    ref = _run("reference", q.float(), k.float(), v.float(), bias.float(), kpm)
+    got = _run("chunked", q, k, v, bias, kpm, chunk_bytes=2 * 7 * 4)
+    for name, a, b in zip(["out", "q", "k", "v", "bias"], got, ref):
+        assert a.dtype == (bias_dtype if name == "bias" else torch.bfloat16), name
+        torch.testing.assert_close(a.float(), b, rtol=0.05, atol=0.05, msg=name)

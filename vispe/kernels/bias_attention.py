@@ -128,7 +128,8 @@ def _blocks(B: int, H: int, Lq: int, Lk: int, chunk_bytes: int):
             for h in range(0, H, nh):
                 yield slice(b, b + 1), slice(h, min(h + nh, H)), every_row
     else:
-        nr = -(-Lq // -(-per_head // chunk_bytes))  # rows per block, blocks of equal size
+        most = max(1, chunk_bytes // (Lk * 4))  # rows that fit
+        nr = -(-Lq // -(-Lq // most))  # rows per block (<= most), blocks of equal size
         for b in range(B):
             for h in range(H):
                 for r in range(0, Lq, nr):
@@ -139,8 +140,8 @@ def _block_bias(bias, kpm, bs, hs, rs, out, shift=None):
     """The bias of one block, padded keys at -inf, minus ``shift`` (nb, nh, nr, 1) if given, written
     into ``out`` (nb, nh, nr, Lk) in one pass where possible."""
     blk = bias.detach()[bs if bias.shape[0] > 1 else slice(0, 1), hs, rs]  # (nb|1, nh, nr, Lk)
-    if kpm is not None:
-        out = torch.where(kpm[bs, None, None, :], out.new_full((), float("-inf")), blk, out=out)
+    if kpm is not None:  # copy_ converts the dtype (a bfloat16 bias into the float32 scores)
+        out = out.copy_(blk).masked_fill_(kpm[bs, None, None, :], float("-inf"))
         return out if shift is None else out.sub_(shift)
     return out.copy_(blk) if shift is None else torch.sub(blk, shift, out=out)
 
