@@ -43,7 +43,7 @@ from torch import nn
 
 from vispe import _checks
 from vispe.coords import grid_coords
-from vispe.image._bias import BiasBase
+from vispe.image._bias import BiasBase, gather_bias
 from vispe.registry import register
 
 METHODS = ("euclidean", "quant", "cross", "product")
@@ -114,7 +114,7 @@ class IRPE(BiasBase):
     def _lookup(self, table: torch.Tensor, index: torch.Tensor, q: torch.Tensor | None) -> torch.Tensor:
         N = index.shape[0]
         if not self.contextual:
-            return table.index_select(1, index.reshape(-1)).view(1, -1, N, N)  # (1, heads, N, N); backward index_add_
+            return gather_bias(table.t(), index)  # (1, heads, N, N); table is (heads, buckets)
         qg = q[:, :, self.num_prefix_tokens:].float() * self.head_dim ** -0.5  # (B, heads, N, d)
         qr = torch.einsum("bhnd,hkd->bhnk", qg, table)  # (B, heads, N, buckets)
         return qr.gather(-1, index[None, None].expand(qr.shape[0], qr.shape[1], N, N))  # (B, heads, N, N)

@@ -8,8 +8,8 @@ backward pass (about 8x the memory of the fused kernels, and 3x the time at 1,02
 * ``"chunked"`` (CPU default when the bias needs a gradient): ``BiasedAttention``, an autograd
   function whose forward runs the fused SDPA kernel with the bias detached, and whose backward
   recomputes the probabilities block by block (a few batch items, else a few heads of one item
-  with all their rows, else query rows of one head; at most ``chunk_bytes`` per block) to give the gradients of q, k, v and the bias. No (B, heads, L, L)
-  tensor is ever kept; with a key padding mask the forward also runs block by block, so the
+  with all their rows, else query rows of one head; at most ``chunk_bytes`` per block) to give the
+  gradients of q, k, v and the bias. No (B, heads, L, L) tensor is ever kept; with a key padding mask the forward also runs block by block, so the
   per-batch masked bias is never built whole.
 * ``"flex"``: ``torch.nn.attention.flex_attention`` with a ``score_mod`` that reads the bias
   ``(B|1, heads, L, L)`` at (b, h, q, k) and -inf for padded keys, compiled on CUDA. Forward only
