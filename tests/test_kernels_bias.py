@@ -211,3 +211,15 @@ def test_chunked_bfloat16_with_padding_matches_reference(bias_dtype):
     for name, a, b in zip(["out", "q", "k", "v", "bias"], got, ref):
         assert a.dtype == (bias_dtype if name == "bias" else torch.bfloat16), name
         torch.testing.assert_close(a.float(), b, rtol=0.05, atol=0.05, msg=name)
+
+
+def test_default_block_size_runs_small_problems_whole_and_bounds_large_ones():
+    """One block when all the scores fit in CHUNK_BYTES (a ViT's 65 tokens), else blocks of an
+    eighth of the scores between 1 MiB and CHUNK_BYTES."""
+    from vispe.kernels.bias_attention import CHUNK_BYTES, _blocks, default_chunk_bytes
+
+    vit = 64 * 3 * 65 * 65 * 4  # batch 64, 3 heads, 65 tokens: 3.2 MB
+    assert len(list(_blocks(64, 3, 65, 65, default_chunk_bytes(vit)))) == 1
+    assert default_chunk_bytes(CHUNK_BYTES + 4) == 2**20
+    assert default_chunk_bytes(8 * 6 * 1024 * 1024 * 4) == CHUNK_BYTES  # 32x32 tokens, batch 8, 6 heads
+    assert default_chunk_bytes(4 * CHUNK_BYTES) == CHUNK_BYTES // 2
