@@ -7,6 +7,7 @@ stall the timed code several-fold (``bench/threads.py``). An explicit setting wi
 from __future__ import annotations
 
 import os
+import random
 import statistics
 import time
 
@@ -48,15 +49,18 @@ def timed(fn, iters: int = 1, sync=None) -> tuple[float, float]:
     return (time.perf_counter() - w0) / iters, (time.process_time() - c0) / iters
 
 
-def interleaved(fns: dict, rounds: int, iters: int = 1, warmup: int = 1, sync=None) -> dict:
-    """{name: [(wall, cpu) seconds per round]}: every function once per round, round after round."""
+def interleaved(fns: dict, rounds: int, iters: int = 1, warmup: int = 1, sync=None, seed: int = 0) -> dict:
+    """{name: [(wall, cpu) seconds per round]}: every function once per round, round after round,
+    in a new random order each round (seeded), so that no function always follows the same one."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     times = {n: [] for n in fns}
+    order, rng = list(fns), random.Random(seed)
     for _ in range(rounds):
-        for n, fn in fns.items():
-            times[n].append(timed(fn, iters, sync))
+        rng.shuffle(order)
+        for n in order:
+            times[n].append(timed(fns[n], iters, sync))
     return times
 
 
@@ -67,6 +71,17 @@ def ratio(times: dict, name: str, base: str, clock: str = "wall") -> float:
     """Median over rounds of ``name``'s time divided by ``base``'s time in the same round."""
     i = CLOCKS[clock]
     return statistics.median(a[i] / b[i] for a, b in zip(times[name], times[base]))
+
+
+def spread(times: dict, name: str, base: str, clock: str = "wall") -> tuple[float, float]:
+    """Lower and upper quartile over rounds of the same per-round ratios as ``ratio``: the noise a
+    single figure carries (a target is read as met only when the median is below it)."""
+    i = CLOCKS[clock]
+    r = [a[i] / b[i] for a, b in zip(times[name], times[base])]
+    if len(r) < 2:
+        return r[0], r[0]
+    q = statistics.quantiles(r, n=4, method="inclusive")
+    return q[0], q[2]
 
 
 def ms(times: dict, name: str, clock: str = "wall") -> float:

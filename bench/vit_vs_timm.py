@@ -4,10 +4,11 @@
 
 The model is the CIFAR-sized ViT (32x32 images, patch 4: 64 tokens + class token, dim 192,
 depth 6, 3 heads); one step = forward + backward + AdamW update, float32 on the CPU (bf16
-autocast on CUDA). Every model is timed in every round, round after round in one process
-(A, B, A, B...), and each figure is the median over rounds of that model's step time divided by
-the step time of timm's ViT without position in the same round, in wall time and in the
-process's CPU time (the steadier one on a shared machine, ``bench/_common.py``).
+autocast on CUDA). Every model is timed in every round, round after round in one process (in a
+new seeded random order each round), and each figure is the median over rounds of that model's
+step time divided by the step time of timm's ViT without position in the same round, in wall time
+and in the process's CPU time (the steadier one on a shared machine, ``bench/_common.py``); the
+quartiles of vispe's per-round ratios show how far one figure can be trusted.
 
 timm's equivalents: ``VisionTransformer`` (``pos_embed='none'`` and ``'learn'``), ``Eva`` with
 axial (``rope_type='cat'``) and mixed (``rope_type='mixed'``) RoPE and no absolute table, and
@@ -22,7 +23,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # this checkout's vispe, then bench/_common
-from _common import interleaved, machine, ms, ratio  # noqa: E402
+from _common import interleaved, machine, ms, ratio, spread  # noqa: E402
 import torch  # noqa: E402
 
 from vispe.models.vit import create_vit  # noqa: E402
@@ -98,9 +99,10 @@ def main(argv=None) -> None:
           f"ratios to timm's ViT without position; {args.rounds} interleaved rounds x {args.iters} steps")
     print(f"# {machine()}")
     other = "cpu" if args.clock == "wall" else "wall"
-    print(f"# each cell: ratio in {args.clock} time [in {other} time]")
-    print("| encoding | timm model | timm ratio | vispe ratio | vispe / timm | target (vispe ratio) | vispe ms/step (wall) |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"# each cell: median ratio in {args.clock} time [in {other} time]; vispe's quartiles over rounds "
+          f"in {args.clock} time (the noise of the median)")
+    print("| encoding | timm model | timm ratio | vispe ratio | vispe quartiles | vispe / timm | target (vispe ratio) | vispe ms/step (wall) |")
+    print("|---|---|---|---|---|---|---|---|")
     for row, timm_name, pe, target in ROWS:
         def cell(name, base):
             if name is None:
@@ -110,8 +112,10 @@ def main(argv=None) -> None:
         t, _ = cell(f"timm {row}" if timm_name else None, base)
         v, vr = cell(f"vispe {row}", base)
         vt, _ = cell(f"vispe {row}" if timm_name else None, f"timm {row}")
+        lo, hi = spread(times, f"vispe {row}", base, args.clock)
         tgt = "-" if target is None else f"<= {target:.2f} " + ("met" if vr <= target else "NOT met")
-        print(f"| {row} | {timm_name or '-'} | {t} | {v} | {vt} | {tgt} | {ms(times, f'vispe {row}'):.0f} |")
+        print(f"| {row} | {timm_name or '-'} | {t} | {v} | {lo:.2f}-{hi:.2f} | {vt} | {tgt} | "
+              f"{ms(times, f'vispe {row}'):.0f} |")
 
 
 if __name__ == "__main__":
