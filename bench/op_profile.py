@@ -67,7 +67,8 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--rows", type=int, default=25)
     args = ap.parse_args(argv)
-    times = {spec: op_times(build(spec), args.steps, args.batch) for spec in (args.a, args.b)}
+    models = {spec: build(spec) for spec in (args.a, args.b)}  # both specs checked before any profiling
+    times = {spec: op_times(m, args.steps, args.batch) for spec, m in models.items()}
     ta, tb = times[args.a], times[args.b]
     zero = (0.0, 0)
     keys = sorted(set(ta) | set(tb), key=lambda k: -abs(tb.get(k, zero)[0] - ta.get(k, zero)[0]))
