@@ -74,10 +74,12 @@ def ratio(times: dict, name: str, base: str, clock: str = "wall") -> float:
 
 
 def spread(times: dict, name: str, base: str, clock: str = "wall") -> tuple[float, float]:
-    """Lower and upper quartile over rounds of the same per-round ratios as ``ratio``: the noise a
-    single figure carries (a target is read as met only when the median is below it)."""
+    """Lower and upper quartile over rounds of the same per-round ratios as ``ratio``: how much one
+    round varies from the next (the median of many rounds is steadier than that)."""
     i = CLOCKS[clock]
     r = [a[i] / b[i] for a, b in zip(times[name], times[base])]
+    if not r:
+        raise ValueError(f"no rounds timed for {name!r}: expected rounds >= 1")
     if len(r) < 2:
         return r[0], r[0]
     q = statistics.quantiles(r, n=4, method="inclusive")

@@ -7,8 +7,10 @@ Each model is the CIFAR-sized ViT of ``bench/vit_vs_timm.py`` (``vispe:<encoding
 ``create_vit``, ``timm:<name>`` one of that script's timm equivalents). After warm-up steps, ``--steps``
 training steps (forward + backward + AdamW) of each model run under ``torch.profiler``; the table
 lists the operators whose self CPU time per step differs most between the two, with their calls
-per step. Self CPU time sums over threads and moves by 10-40% between runs for the same operator
-(compare the rows of operators both models share): read the rows an encoding adds, not the totals.
+per step. "Self CPU time" is the profiler's: the time the calling thread spent inside each
+operator (not the sum over OpenMP threads), close to its wall time. It moves by up to about 50%
+between runs for the same operator (compare the rows of operators both models share): read the
+rows an encoding adds, not the totals.
 """
 from __future__ import annotations
 
@@ -32,9 +34,12 @@ def build(spec: str) -> torch.nn.Module:
         return create_vit("vit_cifar", pe=name, img_size=COMMON["img_size"], patch_size=COMMON["patch_size"],
                           num_classes=COMMON["num_classes"])
     if kind == "timm" and name:
-        return timm_model(name)
-    raise SystemExit(f"model {spec!r}: expected vispe:<encoding> or timm:<name> (vit_none, vit_learn, "
-                     "eva_axial, eva_mixed, vit_relpos)")
+        try:
+            return timm_model(name)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+    raise SystemExit(f"model {spec!r}: expected vispe:<encoding> (a name of vispe.registry) or "
+                     "timm:<name> (vit_none, vit_learn, eva_axial, eva_mixed, vit_relpos)")
 
 
 def op_times(model: torch.nn.Module, steps: int, batch: int) -> dict:
@@ -67,6 +72,9 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--rows", type=int, default=25)
     args = ap.parse_args(argv)
+    for name in ("steps", "batch", "rows"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name}={getattr(args, name)}: expected a positive integer")
     models = {spec: build(spec) for spec in (args.a, args.b)}  # both specs checked before any profiling
     times = {spec: op_times(m, args.steps, args.batch) for spec, m in models.items()}
     ta, tb = times[args.a], times[args.b]

@@ -8,7 +8,7 @@ autocast on CUDA). Every model is timed in every round, round after round in one
 new seeded random order each round), and each figure is the median over rounds of that model's
 step time divided by the step time of timm's ViT without position in the same round, in wall time
 and in the process's CPU time (the steadier one on a shared machine, ``bench/_common.py``); the
-quartiles of vispe's per-round ratios show how far one figure can be trusted.
+quartiles of vispe's per-round ratios show the round-to-round spread.
 
 timm's equivalents: ``VisionTransformer`` (``pos_embed='none'`` and ``'learn'``), ``Eva`` with
 axial (``rope_type='cat'``) and mixed (``rope_type='mixed'``) RoPE and no absolute table, and
@@ -54,7 +54,7 @@ def timm_model(name: str) -> torch.nn.Module:
                    rope_type="cat" if name == "eva_axial" else "mixed")
     if name == "vit_relpos":
         return VisionTransformerRelPos(**COMMON, rel_pos_type="bias", class_token=True, global_pool="token")
-    raise ValueError(name)
+    raise ValueError(f"timm model {name!r}: expected one of vit_none, vit_learn, eva_axial, eva_mixed, vit_relpos")
 
 
 def main(argv=None) -> None:
@@ -67,6 +67,9 @@ def main(argv=None) -> None:
     ap.add_argument("--clock", default="wall", choices=["wall", "cpu"],
                     help="the time the targets are checked on (the other is shown in brackets)")
     args = ap.parse_args(argv)
+    for name in ("rounds", "iters", "batch"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name}={getattr(args, name)}: expected a positive integer")
     if args.threads:
         torch.set_num_threads(args.threads)
     dev = args.device
@@ -100,7 +103,7 @@ def main(argv=None) -> None:
     print(f"# {machine()}")
     other = "cpu" if args.clock == "wall" else "wall"
     print(f"# each cell: median ratio in {args.clock} time [in {other} time]; vispe's quartiles over rounds "
-          f"in {args.clock} time (the noise of the median)")
+          f"in {args.clock} time (round-to-round spread); timm none: {ms(times, base):.0f} ms/step (wall)")
     print("| encoding | timm model | timm ratio | vispe ratio | vispe quartiles | vispe / timm | target (vispe ratio) | vispe ms/step (wall) |")
     print("|---|---|---|---|---|---|---|---|")
     for row, timm_name, pe, target in ROWS:

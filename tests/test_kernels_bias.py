@@ -213,13 +213,22 @@ def test_chunked_bfloat16_with_padding_matches_reference(bias_dtype):
         torch.testing.assert_close(a.float(), b, rtol=0.05, atol=0.05, msg=name)
 
 
-def test_default_block_size_runs_small_problems_whole_and_bounds_large_ones():
-    """One block when all the scores fit in CHUNK_BYTES (a ViT's 65 tokens), else blocks of an
-    eighth of the scores between 1 MiB and CHUNK_BYTES."""
-    from vispe.kernels.bias_attention import CHUNK_BYTES, _blocks, default_chunk_bytes
+def test_default_block_size_runs_small_problems_whole_and_bounds_large_ones(monkeypatch):
+    """attend's default blocks: one when all the scores fit in CHUNK_BYTES (a ViT's 65 tokens),
+    else the fewest equal blocks of at most CHUNK_BYTES; an empty batch runs (no blocks)."""
+    from vispe.kernels import bias_attention as ba
 
-    vit = 64 * 3 * 65 * 65 * 4  # batch 64, 3 heads, 65 tokens: 3.2 MB
-    assert len(list(_blocks(64, 3, 65, 65, default_chunk_bytes(vit)))) == 1
-    assert default_chunk_bytes(CHUNK_BYTES + 4) == 2**20
-    assert default_chunk_bytes(8 * 6 * 1024 * 1024 * 4) == CHUNK_BYTES  # 32x32 tokens, batch 8, 6 heads
-    assert default_chunk_bytes(4 * CHUNK_BYTES) == CHUNK_BYTES // 2
+    seen = []
+    blocks = ba._blocks
+    monkeypatch.setattr(ba, "_blocks", lambda *a: seen.append(list(blocks(*a))) or iter(seen[-1]))
+    torch.manual_seed(0)
+    for B, L in ((8, 128), (0, 9)):  # 1.5 MiB of scores: one block (two before)
+        q, k, v = (torch.randn(B, 3, L, 8, requires_grad=True) for _ in range(3))
+        bias = torch.randn(1, 3, L, L, requires_grad=True)
+        attend(q, k, v, bias=bias, impl="chunked").sum().backward()
+        assert len(seen[-1]) == (1 if B else 0)
+        assert bias.grad.shape == bias.shape
+    assert ba.default_chunk_bytes(64 * 3 * 65 * 65 * 4) == 64 * 3 * 65 * 65 * 4  # a ViT's step: one block
+    assert ba.default_chunk_bytes(ba.CHUNK_BYTES + 4) == ba.CHUNK_BYTES // 2 + 2  # two equal blocks
+    assert ba.default_chunk_bytes(8 * 6 * 1024 * 1024 * 4) == ba.CHUNK_BYTES  # 32x32 tokens, batch 8, 6 heads
+    assert ba.default_chunk_bytes(0) == 1
