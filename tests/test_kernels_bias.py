@@ -232,3 +232,7 @@ def test_default_block_size_runs_small_problems_whole_and_bounds_large_ones(monk
     assert ba.default_chunk_bytes(ba.CHUNK_BYTES + 4) == ba.CHUNK_BYTES // 2 + 2  # two equal blocks
     assert ba.default_chunk_bytes(8 * 6 * 1024 * 1024 * 4) == ba.CHUNK_BYTES  # 32x32 tokens, batch 8, 6 heads
     assert ba.default_chunk_bytes(0) == 1
+    q, k, v = (torch.randn(2, 2, 16, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    bias = torch.randn(1, 2, 16, 16, dtype=torch.float64, requires_grad=True)
+    attend(q, k, v, bias=bias, impl="chunked", chunk_bytes=16 * 16 * 8).sum().backward()
+    assert len(seen[-1]) == 4  # float64: one head of one item (16 x 16 x 8 bytes) per block

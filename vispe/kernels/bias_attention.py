@@ -197,7 +197,8 @@ class BiasedAttention(torch.autograd.Function):
         dv = new(v, True) if need_v else None
         db = new(bias, True) if need_b else None
         neg_d = -(dout.to(wd) * out.to(wd)).sum(-1, keepdim=True)  # -D (B, H, Lq, 1)
-        for bs, hs, rs in _blocks(B, H, Lq, Lk, ctx.chunk_bytes):
+        # _blocks counts 4-byte scores: float64 blocks hold half as many, so that no block exceeds chunk_bytes
+        for bs, hs, rs in _blocks(B, H, Lq, Lk, max(1, ctx.chunk_bytes * 4 // wd.itemsize)):
             nb, nh, nr = bs.stop - bs.start, hs.stop - hs.start, rs.stop - rs.start
             qc = _flat(q[bs, hs, rs].to(wd))  # (nb*nh, nr, d)
             do = _flat(dout[bs, hs, rs].to(wd))  # (nb*nh, nr, d)
