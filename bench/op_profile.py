@@ -20,7 +20,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # this checkout's vispe, then bench/_common
-from _common import machine  # noqa: E402
+from _common import machine, train_step  # noqa: E402
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
@@ -47,15 +47,7 @@ def op_times(model: torch.nn.Module, steps: int, batch: int) -> dict:
     torch.manual_seed(0)
     x = torch.randn(batch, 3, COMMON["img_size"], COMMON["img_size"])
     y = torch.randint(0, COMMON["num_classes"], (batch,))
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-    def step():
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
+    step = train_step(model.train(), x, y)
     for _ in range(3):
         step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -35,8 +35,9 @@ sys.path[:0] = [HERE, ROOT]
 
 
 def child(args) -> None:
-    import torch
+    import torch  # before _common, which would otherwise set OMP_WAIT_POLICY for this child
 
+    from _common import train_step
     from vispe.models.vit import create_vit
     from vispe.train.config import load_config
     from vispe.train.threads import apply_threads
@@ -47,14 +48,8 @@ def child(args) -> None:
     kw = {k: m[k] for k in ("embed_dim", "depth", "num_heads", "mlp_ratio") if m[k] is not None}
     torch.manual_seed(0)
     model = create_vit(m.name, pe=m.pe, img_size=32, patch_size=m.patch_size, num_classes=10, **kw)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x, y = torch.randn(cfg.data.batch_size, 3, 32, 32), torch.randint(0, 10, (cfg.data.batch_size,))
-
-    def step():
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+    step = train_step(model, x, y)
 
     for _ in range(5):
         step()

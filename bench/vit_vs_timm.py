@@ -23,7 +23,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # this checkout's vispe, then bench/_common
-from _common import interleaved, machine, ms, ratio, spread  # noqa: E402
+from _common import interleaved, machine, ms, ratio, spread, train_step  # noqa: E402
 import torch  # noqa: E402
 
 from vispe.models.vit import create_vit  # noqa: E402
@@ -78,16 +78,7 @@ def main(argv=None) -> None:
     y = torch.randint(0, 10, (args.batch,), device=dev)
 
     def stepper(model):
-        model = model.to(dev).train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-        def step():
-            with torch.autocast(dev, dtype=torch.bfloat16, enabled=dev == "cuda"):
-                loss = torch.nn.functional.cross_entropy(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        return step
+        return train_step(model.to(dev).train(), x, y, bf16_autocast=dev == "cuda")
 
     fns = {}
     for row, timm_name, pe, _ in ROWS:
