@@ -120,11 +120,11 @@ def _reference(q, k, v, bias, attn_mask, kpm, dropout_p, is_causal):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
 
 
-def _blocks(B: int, H: int, Lq: int, Lk: int, chunk_bytes: int):
-    """(batch, head, query-row) slices of about ``chunk_bytes`` float32 scores each: several batch
-    items when one fits, else several heads of one item with all their rows (fewer, larger matrix
-    products), else rows of one head."""
-    per_item, per_head = H * Lq * Lk * 4, Lq * Lk * 4
+def _blocks(B: int, H: int, Lq: int, Lk: int, chunk_bytes: int, itemsize: int = 4):
+    """(batch, head, query-row) slices of about ``chunk_bytes`` of scores (``itemsize`` bytes each,
+    float32 by default) each: several batch items when one fits, else several heads of one item
+    with all their rows (fewer, larger matrix products), else rows of one head."""
+    per_item, per_head = H * Lq * Lk * itemsize, Lq * Lk * itemsize
     every_head, every_row = slice(0, H), slice(0, Lq)
     if per_item <= chunk_bytes:
         nb = max(1, chunk_bytes // per_item) if per_item else max(B, 1)  # per_item 0: no query rows
@@ -136,7 +136,7 @@ def _blocks(B: int, H: int, Lq: int, Lk: int, chunk_bytes: int):
             for h in range(0, H, nh):
                 yield slice(b, b + 1), slice(h, min(h + nh, H)), every_row
     else:
-        most = max(1, chunk_bytes // (Lk * 4))  # rows that fit
+        most = max(1, chunk_bytes // (Lk * itemsize))  # rows that fit
         nr = -(-Lq // -(-Lq // most))  # rows per block (<= most), blocks of equal size
         for b in range(B):
             for h in range(H):
@@ -197,8 +197,7 @@ class BiasedAttention(torch.autograd.Function):
         dv = new(v, True) if need_v else None
         db = new(bias, True) if need_b else None
         neg_d = -(dout.to(wd) * out.to(wd)).sum(-1, keepdim=True)  # -D (B, H, Lq, 1)
-        # _blocks counts 4-byte scores: float64 blocks hold half as many, so that no block exceeds chunk_bytes
-        for bs, hs, rs in _blocks(B, H, Lq, Lk, max(1, ctx.chunk_bytes * 4 // wd.itemsize)):
+        for bs, hs, rs in _blocks(B, H, Lq, Lk, ctx.chunk_bytes, wd.itemsize):  # scores in the working dtype
             nb, nh, nr = bs.stop - bs.start, hs.stop - hs.start, rs.stop - rs.start
             qc = _flat(q[bs, hs, rs].to(wd))  # (nb*nh, nr, d)
             do = _flat(dout[bs, hs, rs].to(wd))  # (nb*nh, nr, d)
