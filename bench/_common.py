@@ -78,6 +78,13 @@ def train_step(model, x, y, *, bf16_autocast: bool = False):
     return step
 
 
+def positive_args(ap, args, *names: str) -> None:
+    """Stop through ``ap.error`` unless every option ``--name`` of ``args`` is a positive integer."""
+    for name in names:
+        if getattr(args, name) < 1:
+            ap.error(f"--{name}={getattr(args, name)}: expected a positive integer")
+
+
 CLOCKS = {"wall": 0, "cpu": 1}
 
 

@@ -4,7 +4,7 @@
     python bench/op_profile.py timm:vit_relpos vispe:relbias
 
 Each model is the CIFAR-sized ViT of ``bench/vit_vs_timm.py`` (``vispe:<encoding>`` built by
-``create_vit``, ``timm:<name>`` one of that script's timm equivalents). After warm-up steps, ``--steps``
+``vispe_model``, ``timm:<name>`` one of that script's timm equivalents). After warm-up steps, ``--steps``
 training steps (forward + backward + AdamW) of each model run under ``torch.profiler``; the table
 lists the operators whose self CPU time per step differs most between the two, with their calls
 per step. "Self CPU time" is the profiler's: the time the calling thread spent inside each
@@ -20,19 +20,17 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # this checkout's vispe, then bench/_common
-from _common import machine, train_step  # noqa: E402
+from _common import machine, positive_args, train_step  # noqa: E402
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from vispe.models.vit import create_vit  # noqa: E402
-from vit_vs_timm import COMMON, timm_model  # noqa: E402
+from vit_vs_timm import COMMON, timm_model, vispe_model  # noqa: E402
 
 
 def build(spec: str) -> torch.nn.Module:
     kind, _, name = spec.partition(":")
     if kind == "vispe" and name:
-        return create_vit("vit_cifar", pe=name, img_size=COMMON["img_size"], patch_size=COMMON["patch_size"],
-                          num_classes=COMMON["num_classes"])
+        return vispe_model(name)
     if kind == "timm" and name:
         try:
             return timm_model(name)
@@ -64,9 +62,7 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--rows", type=int, default=25)
     args = ap.parse_args(argv)
-    for name in ("steps", "batch", "rows"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name}={getattr(args, name)}: expected a positive integer")
+    positive_args(ap, args, "steps", "batch", "rows")
     models = {spec: build(spec) for spec in (args.a, args.b)}  # both specs checked before any profiling
     times = {spec: op_times(m, args.steps, args.batch) for spec, m in models.items()}
     ta, tb = times[args.a], times[args.b]

@@ -23,7 +23,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # this checkout's vispe, then bench/_common
-from _common import interleaved, machine, ms, ratio, spread, train_step  # noqa: E402
+from _common import interleaved, machine, ms, positive_args, ratio, spread, train_step  # noqa: E402
 import torch  # noqa: E402
 
 from vispe.models.vit import create_vit  # noqa: E402
@@ -38,6 +38,12 @@ ROWS = [
     ("rope_mixed", "eva_mixed", "rope_mixed", 1.08),
     ("relbias", "vit_relpos", "relbias", 1.05),
 ]
+
+
+def vispe_model(pe: str) -> torch.nn.Module:
+    """vispe's ViT of the same size as the timm rows, with encoding ``pe``."""
+    return create_vit("vit_cifar", pe=pe, img_size=COMMON["img_size"], patch_size=COMMON["patch_size"],
+                      num_classes=COMMON["num_classes"])
 
 
 def timm_model(name: str) -> torch.nn.Module:
@@ -67,9 +73,7 @@ def main(argv=None) -> None:
     ap.add_argument("--clock", default="wall", choices=["wall", "cpu"],
                     help="the time the targets are checked on (the other is shown in brackets)")
     args = ap.parse_args(argv)
-    for name in ("rounds", "iters", "batch"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name}={getattr(args, name)}: expected a positive integer")
+    positive_args(ap, args, "rounds", "iters", "batch")
     if args.threads:
         torch.set_num_threads(args.threads)
     dev = args.device
@@ -85,7 +89,7 @@ def main(argv=None) -> None:
         if timm_name:
             fns[f"timm {row}"] = stepper(timm_model(timm_name))
         if pe:
-            fns[f"vispe {row}"] = stepper(create_vit("vit_cifar", pe=pe, img_size=32, patch_size=4, num_classes=10))
+            fns[f"vispe {row}"] = stepper(vispe_model(pe))
     sync = torch.cuda.synchronize if dev == "cuda" else None
     times = interleaved(fns, args.rounds, args.iters, warmup=2, sync=sync)
     base = "timm none"
