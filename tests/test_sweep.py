@@ -160,3 +160,22 @@ def test_sigterm_to_the_sweep_stops_the_run_with_a_checkpoint(tmp_path):
     assert df.set_index("run")["status"].to_dict() == {"none_seed0": "unfinished", "learned_abs_seed0": "not started"}
     assert json.loads((out / "none_seed0" / "point.json").read_text())["last_rc"] == 130
     assert os.environ.get("VISPE_TEST_SIGNAL_AT_STEP") is None
+
+
+def test_merge_tables_keeps_runs_whose_folders_are_gone():
+    """A committed table and a fresh one: runs only in the committed table stay, a run finished only
+    there is not replaced by a fresh unfinished attempt, otherwise the fresh rows win."""
+    def rows(run, status, value, sizes=(16, 32)):
+        return [{"run": run, "status": status, "eval_size": s, "value": value} for s in sizes]
+    kept = pd.DataFrame(rows("a_seed0", "finished", 0.1) + rows("b_seed0", "finished", 0.2)
+                        + rows("c_seed0", "running", 0.0, (32,)))
+    fresh = pd.DataFrame(rows("b_seed0", "running", 0.0, (32,)) + rows("c_seed0", "finished", 0.3)
+                         + rows("d_seed0", "finished", 0.4))
+    out = collect.merge_tables(kept, fresh)
+    assert list(dict.fromkeys(out["run"])) == ["a_seed0", "b_seed0", "c_seed0", "d_seed0"]
+    by_run = out.groupby("run").agg(status=("status", "first"), value=("value", "first"), n=("value", "size"))
+    assert by_run.to_dict("index") == {"a_seed0": {"status": "finished", "value": 0.1, "n": 2},
+                                       "b_seed0": {"status": "finished", "value": 0.2, "n": 2},
+                                       "c_seed0": {"status": "finished", "value": 0.3, "n": 2},
+                                       "d_seed0": {"status": "finished", "value": 0.4, "n": 2}}
+    assert collect.merge_tables(None, fresh).equals(fresh) and collect.merge_tables(kept, fresh.iloc[:0]).equals(kept)

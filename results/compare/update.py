@@ -2,10 +2,12 @@
 
     .venv/bin/python results/compare/update.py [--sweeps runs/sweeps]
 
-For each task with a sweep folder it writes the sweep's report (vispe.report), copies its tidy
-``results.csv`` to ``results/compare/data/<task>.csv``, the per-epoch metrics of its finished runs
-to ``data/<task>_curves.csv`` and its metric-vs-size plot to ``figures/``, then rewrites every block ``<!-- BEGIN name -->`` ... ``<!-- END name -->`` of the
-Markdown files here from those CSVs (the prose around the blocks is written by hand).
+For each task with a sweep folder it writes the sweep's report (vispe.report), merges its tidy
+``results.csv`` into ``results/compare/data/<task>.csv`` (vispe.sweep.collect.merge_tables: runs
+committed from folders that are gone stay), the per-epoch metrics of its finished runs into
+``data/<task>_curves.csv``, draws the merged metric-vs-size plot into ``figures/``, then rewrites
+every block ``<!-- BEGIN name -->`` ... ``<!-- END name -->`` of the Markdown files here from those
+CSVs (the prose around the blocks is written by hand).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # this checkout's vispe
 
 from vispe import report  # noqa: E402
+from vispe.sweep.collect import merge_tables  # noqa: E402
 
 TASKS = ("digits_cell", "digits_relative", "digits_content_position", "digits_class")
 SWEEPS = TASKS + ("shapes_detr",)
@@ -289,13 +292,21 @@ def main(argv=None) -> int:
         sweep = Path(args.sweeps) / task
         if not (sweep / "sweep.json").is_file():
             continue
-        report.write_report(sweep)
-        shutil.copy(sweep / "results.csv", HERE / "data" / f"{task}.csv")
-        hist = report.histories(sweep, pd.read_csv(sweep / "results.csv"))  # per-epoch metrics of finished runs
+        report.write_report(sweep)  # the sweep folder's own report of the runs there
+        fresh = pd.read_csv(sweep / "results.csv")
+        df = merge_tables(load(task), fresh)  # committed runs whose folders are gone stay
+        df.to_csv(HERE / "data" / f"{task}.csv", index=False)
+        curves, hist = HERE / "data" / f"{task}_curves.csv", report.histories(sweep, fresh)
+        old = pd.read_csv(curves) if curves.is_file() else pd.DataFrame(columns=["run"])
+        kept = set(df["run"]) - set(hist["run"] if len(hist) else [])
+        hist = pd.concat([old[old["run"].isin(kept)], hist], ignore_index=True)
         if not hist.empty:
-            hist.to_csv(HERE / "data" / f"{task}_curves.csv", index=False)
-        if (sweep / "metric_vs_size.png").is_file():
-            shutil.copy(sweep / "metric_vs_size.png", HERE / "figures" / f"{task}_vs_size.png")
+            hist.to_csv(curves, index=False)
+        summ = report.summarize(df)
+        if not summ.empty:
+            fig = report.plot_vs_size(summ, str(df["metric"].iloc[0]))
+            fig.savefig(HERE / "figures" / f"{task}_vs_size.png", dpi=110)
+            fig.clf()
     for md in sorted(HERE.glob("*.md")):
         fill(md)
     return 0

@@ -86,3 +86,24 @@ def collect(sweep_dir: str | Path, *, write: bool = True):
         df.to_csv(tmp, index=False)
         tmp.replace(sweep_dir / RESULTS_FILE)
     return df
+
+
+def merge_tables(kept, fresh):
+    """One tidy table from an earlier ``results.csv`` (``kept``, e.g. a committed copy whose run
+    folders are gone) and a fresh one (``fresh``, collected from the folders there now), by run name:
+    a run's rows come from ``fresh`` unless only ``kept`` has it finished. Rows keep each run's order
+    of first appearance (``kept``'s runs first)."""
+    import pandas as pd
+
+    def finished(df) -> set:
+        return set(df.loc[df["status"] == "finished", "run"]) if len(df) else set()
+
+    if kept is None or not len(kept):
+        return fresh.reset_index(drop=True)
+    if fresh is None or not len(fresh):
+        return kept.reset_index(drop=True)
+    from_kept = (set(kept["run"]) - set(fresh["run"])) | (finished(kept) - finished(fresh))
+    parts = [kept[kept["run"].isin(from_kept)], fresh[~fresh["run"].isin(from_kept)]]
+    out = pd.concat(parts, ignore_index=True)
+    order = {r: i for i, r in enumerate(dict.fromkeys(list(kept["run"]) + list(fresh["run"])))}
+    return out.sort_values("run", key=lambda s: s.map(order), kind="stable").reset_index(drop=True)
