@@ -16,7 +16,11 @@ import re
 import sys
 from pathlib import Path
 
+import matplotlib
 import pandas as pd
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # this checkout's vispe
@@ -305,7 +309,7 @@ def main(argv=None) -> int:
         if not summ.empty:
             fig = report.plot_vs_size(summ, str(df["metric"].iloc[0]))
             fig.savefig(HERE / "figures" / f"{task}_vs_size.png", dpi=110)
-            fig.clf()
+            plt.close(fig)
     for md in sorted(HERE.glob("*.md")):
         fill(md)
     return 0
