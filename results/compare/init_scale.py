@@ -23,8 +23,8 @@ def main() -> int:
     for pe in CODES:
         torch.manual_seed(0)
         m = create_vit("vit_pico", pe=pe, img_size=32, patch_size=4, num_classes=20, in_chans=1)
-        tokens = m.patch_embed(x)  # (B, 64, 64)
-        code = m.pe((8, 8), None)  # (1, 64, 64)
+        tokens = m.patch_embed(x)  # (B, h*w, 64)
+        code = m.pe(tuple(m.patch_embed.grid_size), None)  # (1, h*w, 64), (h, w) = (8, 8)
         print(f"{pe:12s} patch embeddings {tokens.pow(2).mean().sqrt():.3f}   code {code.pow(2).mean().sqrt():.3f}")
     return 0
 
