@@ -201,8 +201,9 @@ def test_cross_attention_without_positions_equals_torch_multihead_attention():
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
 
 
-def test_cross_attention_refuses_rotary_and_bad_shapes():
-    with pytest.raises(ValueError, match="cross-attention takes additive positions only"):
+def test_cross_attention_refuses_rotary_without_query_coords_and_bad_shapes():
+    # a rotary layer rotates queries at ctx.coords (positioned queries): without them it refuses
+    with pytest.raises(ValueError, match=r"cross-attention needs memory_ctx .* and ctx.coords"):
         make(FixedRope())(torch.randn(1, 3, DIM), ctx=PosContext((1, 3)), memory=torch.randn(1, 4, DIM))
     with pytest.raises(ValueError, match=r"memory has shape \(2, 4, 32\)"):
         make()(torch.randn(1, 3, DIM), memory=torch.randn(2, 4, DIM))

@@ -21,8 +21,22 @@ are apart: ``ctx.pos`` (B|1, Lq, C) is added to the query input, ``memory_ctx.po
 to the key input, and ``memory_ctx``'s padding mask hides padded keys. Rotary and bias encodings
 need both sides on one grid, so a layer with ``pe`` refuses cross-attention.
 
+Positioned queries (Conditional DETR, DAB-DETR, ``vispe.models.detr.queries``) use three more
+per-call inputs, each optional, on the same layer:
+
+* decoupled projections (``q_pos=True`` / ``k_pos=True``): ``q = W_q x + P_q pos`` and
+  ``k = W_k x + P_k pos`` with projections of their own (Conditional DETR's ``q_pos_proj`` /
+  ``k_pos_proj``) instead of DETR's shared ``W (x + pos)``;
+* a spatial part (``spatial=True``): ``ctx.spatial`` (B|1, Lq, C) through ``q_spatial`` and
+  ``memory_ctx.spatial`` (B|1, Lk, C) through ``k_pos`` are appended per head to q and k, so each
+  head's logit is ``(q_h.k_h + s_q,h.s_k,h) / sqrt(2 head_dim)`` (Conditional DETR's concatenation);
+* a rotary ``pe`` in cross-attention: keys are rotated at their grid cells (``memory_ctx.shape``,
+  mask-aware), queries at ``ctx.coords`` (B|1, Lq, 2), continuous (y, x) in unit coordinates of the
+  valid area (``PositionEncoding.at``), so q.k depends only on the query-to-key offset;
+* ``bias`` (B|1, heads, Lq, Lk), an additive logit bias from the caller (Plain-DETR's box bias).
+
 Tokens are ``[prefix (P), grid (h*w, row-major)]``; a context without a grid (``shape=None``,
-e.g. DETR's object queries) carries only ``pos``.
+e.g. DETR's object queries) carries ``pos``, ``spatial`` and ``coords`` only.
 """
 from __future__ import annotations
 
@@ -34,6 +48,8 @@ from timm.layers import Attention as TimmAttention
 from torch import nn
 
 from vispe import _checks
+from vispe.axis.rope import apply_rope
+from vispe.coords import valid_extent
 from vispe.encoding import BiasEncoding, PositionEncoding, RotaryEncoding
 from vispe.kernels import bias_attention, rope
 
@@ -46,6 +62,8 @@ class PosContext:
     num_prefix_tokens: int = 0
     mask: torch.Tensor | None = None  # (B, h, w) True = padding
     pos: torch.Tensor | None = None  # (B|1, P + h*w, C) additive code for q/k (DETR style)
+    spatial: torch.Tensor | None = None  # (B|1, L, C) spatial code appended per head to q / k (Conditional DETR)
+    coords: torch.Tensor | None = None  # (B|1, L, 2) unit (y, x) of tokens without a grid (rotary cross-attention)
     memo: dict = field(default_factory=dict, repr=False, compare=False)  # tables shared by the layers
 
     @property
@@ -74,15 +92,22 @@ class Attention(TimmAttention):
     bias_impl: str = "auto"
 
     def __init__(self, dim: int, num_heads: int = 8, *, pe: PositionEncoding | None = None,
-                 rope_impl: str = "auto", bias_impl: str = "auto", **kwargs) -> None:
+                 rope_impl: str = "auto", bias_impl: str = "auto", q_pos: bool = False, k_pos: bool = False,
+                 spatial: bool = False, **kwargs) -> None:
         _checks.positive_int("num_heads", num_heads)
         if dim % num_heads:
             raise ValueError(f"dim={dim}: expected a multiple of num_heads={num_heads}")
         if kwargs.get("gated"):
             raise ValueError("gated=True: vispe's Attention does not implement timm's output gate")
+        if spatial and not k_pos:
+            raise ValueError("spatial=True without k_pos=True: the keys' spatial part is projected by k_pos")
         super().__init__(dim, num_heads=num_heads, **kwargs)
         self.rope_impl = _checks.choice("rope_impl", rope_impl, rope.ROPE_IMPLS)
         self.bias_impl = _checks.choice("bias_impl", bias_impl, bias_attention.BIAS_IMPLS)
+        A, bias = self.attn_dim, kwargs.get("qkv_bias", False)
+        self.q_pos = nn.Linear(dim, A, bias=bias) if q_pos else None  # decoupled position projections
+        self.k_pos = nn.Linear(dim, A, bias=bias) if k_pos else None
+        self.q_spatial = nn.Linear(dim, A, bias=bias) if spatial else None
         self.pe = None
         self.set_pe(pe)
 
@@ -100,22 +125,32 @@ class Attention(TimmAttention):
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
                 ctx: PosContext | None = None, *, memory: torch.Tensor | None = None,
-                memory_ctx: PosContext | None = None) -> torch.Tensor:
-        """Self-attention over ``x`` (B, L, C), or cross-attention from ``x`` to ``memory`` (B, Lk, C)."""
+                memory_ctx: PosContext | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """Self-attention over ``x`` (B, L, C), or cross-attention from ``x`` to ``memory`` (B, Lk, C);
+        ``bias`` (B|1, heads, L, Lk) is added to the logits."""
         B, L, C = x.shape
         if memory is None:
             if memory_ctx is not None:
                 raise ValueError("memory_ctx is given without memory: expected memory=(B, Lk, C) for cross-attention")
-            qk, v = self._qkv(x, ctx)  # (2, B, heads, L, hd), (B, heads, L, hd)
-            qk = self._norm_qk(qk)
+            if ctx is not None and (ctx.spatial is not None or ctx.coords is not None):
+                raise ValueError("ctx.spatial / ctx.coords are for cross-attention (queries against a memory "
+                                 "grid): expected memory=... or a context without them")
+            if self.q_pos is not None or self.k_pos is not None:
+                q, k, v = self._cross_qkv(x, ctx, x, ctx)  # decoupled projections: q, k, v apart
+                qk = torch.stack([self.q_norm(q), self.k_norm(k)])  # (2, B, heads, L, hd)
+            else:
+                qk, v = self._qkv(x, ctx)  # (2, B, heads, L, hd), (B, heads, L, hd)
+                qk = self._norm_qk(qk)
             kv_ctx = ctx
         else:
             q, k, v = self._cross_qkv(x, ctx, memory, memory_ctx)  # q (B, heads, L, hd); k, v (B, heads, Lk, hd)
             qk = None
             q, k = self.q_norm(q), self.k_norm(k)
             kv_ctx = memory_ctx
-        bias = None
-        if self.pe is not None:
+            if self.pe is not None:  # rotary (set_pe and _cross_qkv refuse the rest)
+                q, k = self._rotate_cross(q, k, ctx, memory_ctx)
+            q, k = self._spatial(q, k, ctx, memory_ctx)
+        if self.pe is not None and memory is None:
             if ctx is None or ctx.shape is None:
                 raise ValueError(f"this layer has a {self.pe.family} encoding: expected a PosContext "
                                  "(ctx=...) giving the token grid")
@@ -123,7 +158,8 @@ class Attention(TimmAttention):
                 qk = rope.rotate_qk(self.pe, qk, ctx.shape, ctx.mask, ctx.num_prefix_tokens, memo=ctx.memo,
                                     impl=self.rope_impl)  # (2, B, heads, L, hd)
             else:
-                bias = self._bias(qk[0], ctx)  # (B|1, heads, L, L)
+                pe_bias = self._bias(qk[0], ctx)  # (B|1, heads, L, L)
+                bias = pe_bias if bias is None else pe_bias + bias
         if qk is not None:
             q, k = qk.unbind(0)
         kpm = kv_ctx.key_padding_mask if kv_ctx is not None else None
@@ -167,16 +203,48 @@ class Attention(TimmAttention):
                    memory_ctx: PosContext | None):
         if memory.dim() != 3 or memory.shape[0] != x.shape[0] or memory.shape[-1] != x.shape[-1]:
             raise ValueError(f"memory has shape {tuple(memory.shape)}: expected ({x.shape[0]}, Lk, {x.shape[-1]})")
-        if self.pe is not None:
+        if self.pe is not None and self.pe.family != "rotary":
             raise ValueError(f"this layer has a {self.pe.family} encoding, which needs queries and keys on one "
-                             "grid: cross-attention takes additive positions only (ctx.pos, memory_ctx.pos)")
+                             "grid: cross-attention takes additive positions (ctx.pos, memory_ctx.pos), a "
+                             "rotary encoding or a caller's bias")
         A = self.attn_dim
         qpos = _checked_pos(ctx, x.shape[1], x, "ctx.pos")
         kpos = _checked_pos(memory_ctx, memory.shape[1], memory, "memory_ctx.pos")
-        q = self._project(x if qpos is None else x + qpos, slice(0, A))  # (B, Lq, A)
-        k = self._project(memory if kpos is None else memory + kpos, slice(A, 2 * A))  # (B, Lk, A)
+        q = self._project(x if qpos is None or self.q_pos else x + qpos, slice(0, A))  # (B, Lq, A)
+        k = self._project(memory if kpos is None or self.k_pos else memory + kpos, slice(A, 2 * A))  # (B, Lk, A)
+        if qpos is not None and self.q_pos is not None:
+            q = q + self.q_pos(qpos)  # decoupled: W_q x + P_q pos
+        if kpos is not None and self.k_pos is not None:
+            k = k + self.k_pos(kpos)
         v = self._project(memory, slice(2 * A, 3 * A))  # (B, Lk, A)
         return self._heads(q), self._heads(k), self._heads(v)
+
+    def _rotate_cross(self, q, k, ctx: PosContext | None, memory_ctx: PosContext | None):
+        """Keys rotated at their grid cells, queries at ``ctx.coords`` (unit (y, x)).  # q, k as given"""
+        if memory_ctx is None or memory_ctx.shape is None or ctx is None or ctx.coords is None:
+            raise ValueError("this layer has a rotary encoding: cross-attention needs memory_ctx with the keys' "
+                             "grid (shape) and ctx.coords (B|1, Lq, 2), the queries' unit (y, x)")
+        if memory_ctx.num_prefix_tokens:
+            raise ValueError("rotary cross-attention: expected keys without prefix tokens (memory_ctx.num_prefix_tokens=0)")
+        k = rope.rotate_qk(self.pe, k, memory_ctx.shape, memory_ctx.mask, 0, memo=memory_ctx.memo,
+                           impl=self.rope_impl)  # (B, heads, Lk, hd)
+        extent = valid_extent(memory_ctx.mask, memory_ctx.shape, device=q.device)  # (B|1, 2)
+        angles = self.pe.at(ctx.coords, extent)  # (B|1, heads|1, Lq, hd/2)
+        return apply_rope(q, angles, self.pe.layout), k
+
+    def _spatial(self, q, k, ctx: PosContext | None, memory_ctx: PosContext | None):
+        """q and k with their spatial parts appended per head (Conditional DETR), or as given."""
+        qs = ctx.spatial if ctx is not None else None
+        ks = memory_ctx.spatial if memory_ctx is not None else None
+        if qs is None and ks is None:
+            return q, k
+        if qs is None or ks is None or self.q_spatial is None:
+            raise ValueError("a spatial part needs ctx.spatial and memory_ctx.spatial together, on a layer built "
+                             f"with spatial=True (got ctx.spatial {qs is not None}, memory_ctx.spatial "
+                             f"{ks is not None}, spatial={self.q_spatial is not None})")
+        qs = self._heads(self.q_spatial(qs.to(q.dtype))).expand(q.shape[0], -1, -1, -1)  # (B, heads, Lq, hd)
+        ks = self._heads(self.k_pos(ks.to(k.dtype))).expand(k.shape[0], -1, -1, -1)  # (B, heads, Lk, hd)
+        return torch.cat([q, qs], -1), torch.cat([k, ks], -1)  # (B, heads, L, 2 hd): scale 1/sqrt(2 hd)
 
     def _bias(self, q: torch.Tensor, ctx: PosContext) -> torch.Tensor:
         kw = {"q": q} if self.pe.contextual else {}

@@ -135,3 +135,31 @@ def jitter_coords(coords: torch.Tensor, *, shift: float = 0.0, jitter: float = 0
     if jitter:
         out = out + (torch.rand(coords.shape, generator=generator, device=coords.device) * 2 - 1) * jitter
     return out
+
+
+def unit_coords(coords, extent=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Checked continuous coordinates for ``PositionEncoding.at``: float32 ``coords`` (B|1, N, 2) as
+    (y, x) in unit coordinates of the valid area, and ``extent`` (B|1, 1, 2) valid (h, w) in cells or
+    None. Unit coordinates of an n-cell axis: cell i spans [i/n, (i+1)/n], its centre is (i+0.5)/n."""
+    if not isinstance(coords, torch.Tensor) or coords.dim() != 3 or coords.shape[-1] != 2 or \
+            not coords.is_floating_point():
+        got = f"shape {tuple(coords.shape)}, dtype {coords.dtype}" if isinstance(coords, torch.Tensor) else type(coords).__name__
+        raise ValueError(f"coords has {got}: expected a float tensor (B|1, N, 2) of (y, x) in unit coordinates")
+    if extent is None:
+        return coords.float(), None
+    extent = torch.as_tensor(extent, device=coords.device).float()
+    if extent.dim() == 1:
+        extent = extent[None]
+    if extent.dim() != 2 or extent.shape[-1] != 2 or \
+            (extent.shape[0] not in (1, coords.shape[0]) and coords.shape[0] != 1):
+        raise ValueError(f"extent has shape {tuple(extent.shape)}: expected (B|1, 2) valid (h, w) in cells "
+                         f"for coords {tuple(coords.shape)}")
+    return coords.float(), extent[:, None]  # (B|1, N, 2), (B|1, 1, 2)
+
+
+def valid_extent(mask: torch.Tensor | None, shape: tuple[int, int], device=None) -> torch.Tensor:
+    """Valid (h, w) of each image in cells: its valid rows and columns.  # (B|1, 2) float32"""
+    if mask is None:
+        return torch.tensor([shape], dtype=torch.float32, device=device)  # (1, 2)
+    valid = ~mask  # (B, h, w)
+    return torch.stack([valid.any(2).sum(1), valid.any(1).sum(1)], -1).clamp(min=1).float()  # (B, 2)

@@ -41,6 +41,19 @@ tell it; else the encoding's own grid when the size matches, or a square grid, a
 Numerics: tables and angles are computed in float32 on the target device, even under autocast,
 and cast to ``dtype`` at the end. Tables that do not learn live in a cache keyed by
 (h, w, device, dtype), never in the state_dict.
+
+Continuous coordinates (the one extension for points that are not grid cells, e.g. a detector's
+anchors): ``pe.at(coords, extent=None, *, dtype=None)`` evaluates an additive or rotary encoding
+at ``coords`` (B|1, N, 2), float (y, x) in *unit coordinates* of each image's valid area (0 = its
+top/left edge, 1 = its bottom/right edge; the centre of cell i of n is (i + 0.5) / n).
+``extent`` (B|1, 2) is the valid size (h, w) in cells of the grid the encoding runs on beside
+these points (a DETR's feature map), needed by encodings that count cells (RoPE's "index"
+coordinates); encodings that work in unit coordinates ignore it. Additive encodings return
+``(B|1, N, dim)`` in ``dtype``; rotary ones float32 angles ``(B|1, heads|1, N, head_dim/2)``, so
+that a query rotated at ``at(coords)`` and a key rotated on the grid have logits that depend only on
+their offset. ``supports_coords`` says whether an encoding has values between its cells; one that
+has not (a learned table, a relative-bias table, a convolution) refuses with the reason
+(``coords_refusal``). Each encoding's docstring says how its grid cells map to unit coordinates.
 """
 from __future__ import annotations
 
@@ -108,6 +121,20 @@ class PositionEncoding(nn.Module):
 
     def __prepare_scriptable__(self):  # torch.jit.script: a clear error (vispe._tracing)
         _tracing.refuse_script(f"the {self.registry_name or type(self).__name__} encoding")
+
+    #: whether ``at(coords, ...)`` evaluates the encoding at continuous (y, x) (module docstring)
+    supports_coords: ClassVar[bool] = False
+
+    def coords_refusal(self) -> str:
+        """Why this encoding cannot be evaluated between grid cells (shown in every refusal)."""
+        return {"bias": "it is a bias between two grid tokens, not a function of one position",
+                "conditional": "it is a convolution of the feature map, with no value away from its cells",
+                "none": "it has no position"}.get(self.family, "it has values only at its grid cells")
+
+    def at(self, coords: torch.Tensor, extent: torch.Tensor | None = None, *, dtype=None) -> torch.Tensor:
+        """The encoding at continuous (y, x) ``coords`` (B|1, N, 2) in unit coordinates (module docstring)."""
+        raise ValueError(f"the {self.registry_name or type(self).__name__} encoding cannot be evaluated at "
+                         f"continuous coordinates: {self.coords_refusal()}")
 
     def resize_(self, shape: tuple[int, int]) -> "PositionEncoding":
         """Make stored tables fit grid ``shape``; fixed encodings have nothing to do."""

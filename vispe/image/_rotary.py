@@ -21,6 +21,13 @@ modes it always does). Padding tokens get finite angles; the attention's key-pad
 Train-time augmentation (``shift``, ``jitter``, in coordinate units before ``scale``): one random
 shift per image (per batch without a mask) and per-token jitter, ``vispe.coords.jitter_coords``,
 applied only in training mode; in eval mode the angles are the fixed ones.
+
+Continuous coordinates (``at(coords, extent)``, the contract's ``vispe.encoding``): a point at unit
+coordinate u of an axis with ``n`` valid cells (``extent``) sits at ``u * n - 0.5`` cells, so cell
+centres (i + 0.5) / n get exactly the grid's angles in every ``coords`` mode ("index": u n - 0.5,
+"normalized": (u n - 0.5) / (n - 1), "centered": 2u - 1), ``ref_grid`` and ``scale`` included; a
+query rotated at ``at(p)`` and a key rotated at its cell have logits that depend only on the offset.
+No train-time augmentation is applied to such points.
 """
 from __future__ import annotations
 
@@ -28,7 +35,7 @@ import torch
 
 from vispe import _checks
 from vispe.axis.rope import LAYOUTS
-from vispe.coords import VALID_MODES as COORD_MODES, float32_math, jitter_coords, valid_coords
+from vispe.coords import VALID_MODES as COORD_MODES, float32_math, jitter_coords, unit_coords, valid_coords
 from vispe.encoding import RotaryEncoding
 
 def _non_negative(name: str, value) -> float:
@@ -104,6 +111,28 @@ class RotaryBase(RotaryEncoding):
         valid = ~mask.to(device)  # (B, h, w)
         n = torch.stack([valid.any(2).sum(1), valid.any(1).sum(1)], -1).clamp(min=1).float()  # (B, 2)
         return (ref / n)[:, None]  # (B, 1, 2)
+
+    supports_coords = True
+
+    def at(self, coords, extent=None, *, dtype=None) -> torch.Tensor:  # (B|1, heads|1, N, head_dim/2)
+        """Float32 angles at unit (y, x) ``coords`` (B|1, N, 2), ``extent`` (B|1, 2) valid cells (module docstring)."""
+        coords, n = unit_coords(coords, extent)  # (B|1, N, 2), (B|1, 1, 2)
+        if n is None and self.coords != "centered":
+            raise ValueError(f"extent=None with coords={self.coords!r}: expected the valid (h, w) in cells of "
+                             "the grid beside these points (B|1, 2), to place them in grid units")
+        with float32_math(coords.device):
+            cells = coords * n - 0.5 if n is not None else None  # (B|1, N, 2) in cells, centres at i
+            if self.coords == "index":
+                c = cells
+            elif self.coords == "normalized":
+                c = cells / (n - 1).clamp(min=1)
+            else:
+                c = coords * 2 - 1
+            if self.ref_grid is not None:
+                if n is None:
+                    raise ValueError("extent=None with ref_grid set: expected the valid (h, w) in cells")
+                c = c * (torch.tensor(self.ref_grid, dtype=torch.float32, device=c.device) / n)
+            return self.angles(c * self.scale)
 
     def forward(self, shape, mask: torch.Tensor | None = None, *, device=None) -> torch.Tensor:
         """Angles of the grid tokens, float32.  # (B|1, heads|1, h*w, head_dim/2)"""

@@ -21,6 +21,14 @@ finite code (DETR's: the last valid count), never NaN. Without a mask: as an all
 cached per (h, w, device, dtype). Prefix tokens: learned vectors if ``num_prefix_tokens``, else none.
 
 Output: ``(B|1, h*w, dim)``, computed in float32 (autocast off) and cast to ``dtype``.
+
+Continuous coordinates (``at``, the contract's ``vispe.encoding``): unit coordinate u (in [0, 1]
+over the valid area) has the code ``S(u * scale)``, y channels first, which is Conditional DETR's
+and DAB-DETR's sine of their reference points (``gen_sineembed_for_position``: u = sigmoid of the
+anchor, scale 2*pi, interleaved). The grid path puts cell i of n at ``(i + 1 + offset) / n`` (DETR
+counts the cell's far edge): with ``offset=-0.5`` and ``eps=0`` grid codes equal ``at`` at cell
+centres; with DETR's offset 0 a reference point at a cell's centre codes half a cell before the
+cell's own key, as in those papers. Needs ``normalize=True`` (unnormalised counts have no unit scale).
 """
 from __future__ import annotations
 
@@ -30,7 +38,7 @@ import torch
 
 from vispe import _checks
 from vispe.axis.sinusoidal import LAYOUTS, sinusoidal
-from vispe.coords import mask_coords
+from vispe.coords import mask_coords, unit_coords
 from vispe.image._additive import AdditiveBase, float32_math
 from vispe.registry import register
 
@@ -52,6 +60,7 @@ class SineEncoding(AdditiveBase):
     """
 
     mask_aware = True
+    supports_coords = True
 
     def __init__(self, dim: int, *, temperature: float = 10000.0, normalize: bool = True,
                  scale: float | None = None, eps: float = 1e-6, offset: float = 0.0,
@@ -90,6 +99,16 @@ class SineEncoding(AdditiveBase):
                 pos = pos + self.offset  # mask_coords applies the offset only when normalising
             code = sinusoidal(pos, self.dim // 2, self.temperature, self.layout)  # (B, h, w, 2, dim/2)
             return code.flatten(-2).flatten(1, 2)  # (B, h*w, dim): y channels, then x channels
+
+    def at(self, coords, extent=None, *, dtype=None) -> torch.Tensor:  # (B|1, N, dim)
+        """The code at unit (y, x) ``coords`` (B|1, N, 2): ``[S(y * scale), S(x * scale)]`` (module docstring)."""
+        if not self.normalize:
+            raise ValueError("normalize=False: the sine counts cells, so it has no unit-coordinate code; "
+                             "build it with normalize=True to evaluate it at continuous coordinates")
+        coords, _ = unit_coords(coords, extent)
+        with float32_math(coords.device):
+            code = sinusoidal(coords * self.scale, self.dim // 2, self.temperature, self.layout)  # (B|1, N, 2, dim/2)
+            return code.flatten(-2).to(dtype or torch.float32)  # (B|1, N, dim)
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, temperature={self.temperature}, normalize={self.normalize}, "

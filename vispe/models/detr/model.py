@@ -2,6 +2,9 @@
 
     model = create_detr(num_classes=91, backbone="resnet50", pe="sine")        # DETR R50
     model = create_detr(6, backbone="small_cnn", pe="rope_axial", dec_pe="sine", d_model=128)
+    model = create_detr(91, decoder="conditional")                              # Conditional DETR
+    model = create_detr(91, decoder="dab", pe_kwargs={"temperature": 20})       # DAB-DETR
+    model = create_detr(6, backbone="small_cnn", decoder="dab", dec_pe="rope_mixed")  # 2D RoPE from anchors
     out = model(images, mask)  # images (B, 3, H, W), mask (B, H, W) bool, True = padding
 
 Data flow (shapes for d = d_model, Q = num_queries, K = num_classes)::
@@ -9,10 +12,14 @@ Data flow (shapes for d = d_model, Q = num_queries, K = num_classes)::
     images, mask -> backbone -> features (B, C, h, w), mask (B, h, w) (nearest)
       -> input_proj (1x1 conv) -> (B, d, h, w) [+ PEG]  -> tokens (B, h*w, d) [+ 2D code at the input]
       -> encoder (2D code on q/k, or rotary/bias inside attention; padded keys masked) -> memory
-      -> decoder: queries (B, Q, d) with learned query positions; cross-attention keys carry the
-         memory's 2D code; padded keys masked
-      -> pred_logits (B, Q, K + 1) (last = "no object"), pred_boxes (B, Q, 4) sigmoid (cx, cy, w, h)
-         normalised to each image's valid (unpadded) size, and aux_outputs per decoder layer.
+      -> decoder: queries (B, Q, d) placed by a query strategy (``decoder``: DETR's learned vectors,
+         Conditional DETR's reference points, DAB-DETR's anchor boxes; ``vispe.models.detr.queries``);
+         cross-attention keys carry the memory's 2D code (or are rotated, or biased by the anchors'
+         boxes); padded keys masked
+      -> pred_logits (B, Q, K + 1) (last = "no object"; with ``class_head="sigmoid"``, (B, Q, K) for
+         the focal loss), pred_boxes (B, Q, 4) sigmoid (cx, cy, w, h) normalised to each image's
+         valid (unpadded) size (plus the anchor's inverse sigmoid for positioned queries), and
+         aux_outputs per decoder layer.
 
 Where position enters is ``pe_at`` / ``query_pos_at`` (``vispe.models.detr.placement``). Mask-free
 batches (no padding anywhere) use the encodings' cached tables and unmasked attention.
@@ -22,50 +29,48 @@ Parameter names follow DETR's (``input_proj``, ``query_embed``, ``class_embed``,
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vispe import _checks
 from vispe.attention import PosContext
 from vispe.models.detr.backbone import build_backbone
+from vispe.models.detr.designs import CLASS_HEADS, build_design, fix_refpoints_xy, key_family
+from vispe.models.detr.mlp import MLP
 from vispe.models.detr.placement import check_family, parse_placement
+from vispe.models.detr.queries import QueryPositions
 from vispe.models.detr.transformer import Transformer
 from vispe.registry import build_in, get
 
 
-class BoxHead(nn.Module):
-    """DETR's box MLP: ``num_layers`` Linear layers with ReLU between them."""
-
-    def __init__(self, in_dim: int, hidden_dim: int, out_dim: int, num_layers: int) -> None:
-        super().__init__()
-        dims = [in_dim] + [hidden_dim] * (num_layers - 1) + [out_dim]
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for i, layer in enumerate(self.layers):
-            x = layer(x) if i == len(self.layers) - 1 else F.relu(layer(x))
-        return x
+BoxHead = MLP  # DETR's box MLP (``bbox_embed.layers.N``)
 
 
 class DETR(nn.Module):
-    """Backbone -> projection -> transformer with any encoding -> class and box heads."""
+    """Backbone -> projection -> transformer with any encoding -> class and box heads.
+
+    ``queries`` is the query-position strategy (``vispe.models.detr.queries``); ``class_head``
+    "softmax" (K + 1 logits, DETR) or "sigmoid" (K logits for the focal loss, Conditional/DAB-DETR).
+    """
 
     def __init__(self, backbone: nn.Module, transformer: Transformer, *, num_classes: int, num_queries: int,
                  pe: str, pe_kwargs: dict, placement, dec_pe: str | None, dec_pe_kwargs: dict,
-                 grid=None, aux_loss: bool = True) -> None:
+                 grid=None, aux_loss: bool = True, queries: QueryPositions | None = None, query_dim: int | None = None,
+                 class_head: str = "softmax") -> None:
         super().__init__()
         d = transformer.d_model
         self.backbone, self.transformer = backbone, transformer
         self.input_proj = nn.Conv2d(backbone.num_channels, d, kernel_size=1)
-        self.query_embed = nn.Embedding(num_queries, d)
-        self.class_embed = nn.Linear(d, num_classes + 1)
+        self.queries = queries if queries is not None else QueryPositions(d, queries_at=placement.queries)
+        self.query_embed = nn.Embedding(num_queries, query_dim or d)
+        self.class_head = _checks.choice("class_head", class_head, CLASS_HEADS)
+        self.class_embed = nn.Linear(d, num_classes + (class_head == "softmax"))
         self.bbox_embed = BoxHead(d, d, 4, 3)
         self.num_classes, self.num_queries, self.aux_loss = num_classes, num_queries, aux_loss
         self.placement = placement
         self.pe_name, self.dec_pe_name = pe, dec_pe
         self.pe_family = get(pe).family
         dec_family = get(dec_pe).family if dec_pe is not None else None
-        check_family(pe, self.pe_family, placement, dec_pe, dec_family)
+        check_family(pe, self.pe_family, placement, dec_pe, dec_family, design=self.queries.design)
         context = dict(dim=d, num_heads=transformer.nheads, head_dim=d // transformer.nheads, num_prefix_tokens=0)
         if grid is not None:
             context["grid"] = _checks.grid_shape("grid", grid)
@@ -82,15 +87,21 @@ class DETR(nn.Module):
         elif dec_pe_kwargs and (dec_pe is None or dec_family == "none"):
             raise ValueError(f"dec_pe_kwargs={dec_pe_kwargs!r}: there is no decoder encoding to take them "
                              f"(dec_pe={dec_pe!r})")
+        if self.queries.cross == "rotary":  # every cross-attention gets its own rotary encoding
+            name, kw = (dec_pe, dec_pe_kwargs) if dec_pe is not None else (pe, pe_kwargs)
+            for layer in transformer.decoder:
+                layer.cross_attn.set_pe(build_in(name, context, **kw))
 
     # --- positions -----------------------------------------------------------------------------
     def _codes(self, x: torch.Tensor, mask: torch.Tensor | None):
         """Additive 2D codes for the encoder and the decoder keys, or None.  # (B|1, h*w, d) each"""
         shape, pl = tuple(x.shape[-2:]), self.placement
+        rotary_keys = self.queries.cross == "rotary"
         enc = dec = None
-        if self.pe_family == "additive" and (pl.encoder != "none" or (pl.decoder != "none" and self.dec_pe is None)):
+        if self.pe_family == "additive" and (pl.encoder != "none" or (pl.decoder != "none" and self.dec_pe is None
+                                                                      and not rotary_keys)):
             enc = self.pe(shape, mask, device=x.device, dtype=x.dtype)
-        if pl.decoder != "none":
+        if pl.decoder != "none" and not rotary_keys:
             dec = enc if self.dec_pe is None else self.dec_pe(shape, mask, device=x.device, dtype=x.dtype)
         return (enc if pl.encoder != "none" else None), dec
 
@@ -114,14 +125,12 @@ class DETR(nn.Module):
         if pl.decoder == "input" and dec_code is not None:
             memory = memory + dec_code
         memory_ctx = PosContext((h, w), 0, grid_mask, dec_code if pl.decoder == "attn" else None)
-        query_pos = self.query_embed.weight[None].to(tokens.dtype)  # (1, Q, d)
-        if pl.queries == "attn":
-            t, query_ctx = tokens.new_zeros(B, self.num_queries, d), PosContext(pos=query_pos)
-        else:
-            t, query_ctx = query_pos.expand(B, -1, -1), PosContext()
-        hs = self.transformer.decode(t, query_ctx, memory, memory_ctx, intermediate=self.aux_loss)  # (L, B, Q, d)
-        logits = self.class_embed(hs)  # (L, B, Q, K+1)
-        boxes = self.bbox_embed(hs).sigmoid()  # (L, B, Q, 4)
+        embed = self.query_embed.weight  # (Q, d | query_dim)
+        t, anchors = self.queries.start(embed, B, tokens.dtype)  # (B, Q, d), (1, Q, 2|4) or None
+        hs, used = self.transformer.decode(t, embed, memory, memory_ctx, self.queries, anchors, self.bbox_embed,
+                                           intermediate=self.aux_loss)  # (L, B, Q, d), [anchors of each layer]
+        logits = self.class_embed(hs)  # (L, B, Q, K+1 | K)
+        boxes = self.queries.boxes(self.bbox_embed(hs), used)  # (L, B, Q, 4)
         out = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
         if self.aux_loss:
             out["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1])]
@@ -156,12 +165,14 @@ def create_detr(num_classes: int, *, backbone: str = "resnet50", backbone_weight
                 pe_at="attn", query_pos_at: str = "attn", dec_pe: str | None = None,
                 dec_pe_kwargs: dict | None = None, grid=None, num_queries: int = 100, d_model: int = 256,
                 nheads: int = 8, enc_layers: int = 6, dec_layers: int = 6, dim_feedforward: int = 2048,
-                dropout: float = 0.1, attn_dropout: float | None = None, aux_loss: bool = True) -> DETR:
+                dropout: float = 0.1, attn_dropout: float | None = None, aux_loss: bool = True,
+                decoder: str = "detr", decoder_kwargs: dict | None = None, box_bias: str | None = None,
+                box_bias_kwargs: dict | None = None, class_head: str | None = None) -> DETR:
     """A DETR-style detector with encoding ``pe``; the defaults are DETR R50's.
 
     Args:
         num_classes: K class ids (labels in [0, K)); the class head has K + 1 outputs, the last
-            is "no object" (DETR on COCO: 91).
+            is "no object" (DETR on COCO: 91), or K with ``class_head="sigmoid"``.
         backbone: "resnet18", "resnet34", "resnet50", "resnet101" (torchvision, frozen batch norm;
             ``backbone_weights`` a local file, ``dilation`` for DC5, ``train_backbone``) or
             "small_cnn" (mask-aware, for CPU-scale runs; ``backbone_widths``).
@@ -169,13 +180,17 @@ def create_detr(num_classes: int, *, backbone: str = "resnet50", backbone_weight
         pe_at, query_pos_at: where position enters (``vispe.models.detr.placement``): a place
             ("none", "input", "attn") for encoder and decoder, or {"encoder": ..., "decoder": ...,
             "queries": ...}. DETR's default: "attn" everywhere.
-        dec_pe, dec_pe_kwargs: another (additive) encoding for the decoder's keys (default: the
-            encoder's own module when it is additive, shared as in DETR).
+        dec_pe, dec_pe_kwargs: another encoding for the decoder's keys (default: the encoder's own
+            module when it is additive, shared as in DETR); with a positioned ``decoder`` it may be
+            rotary (queries rotated at their anchors).
         grid: the feature grid (h, w) that encodings with grid-sized tables (learned_abs,
             relbias) are built for; others recompute at any grid.
         num_queries, d_model, nheads, enc_layers, dec_layers, dim_feedforward, dropout: DETR's;
             ``attn_dropout`` on attention weights (default ``dropout``, as nn.MultiheadAttention).
         aux_loss: also return the outputs of every decoder layer (``aux_outputs``).
+        decoder, decoder_kwargs, box_bias, box_bias_kwargs: the query design ("detr", "conditional",
+            "dab") with its options, and Plain-DETR's box bias (``vispe.models.detr.designs``).
+        class_head: "softmax" (K + 1) or "sigmoid" (K, focal loss); default by design.
     """
     for name, value in (("num_classes", num_classes), ("num_queries", num_queries), ("d_model", d_model),
                         ("nheads", nheads), ("enc_layers", enc_layers), ("dec_layers", dec_layers),
@@ -191,14 +206,23 @@ def create_detr(num_classes: int, *, backbone: str = "resnet50", backbone_weight
     placement = parse_placement(pe_at, query_pos_at)
     net = build_backbone(backbone, weights=backbone_weights, dilation=dilation, train_backbone=train_backbone,
                          widths=backbone_widths)
-    transformer = Transformer(d_model, nheads, enc_layers, dec_layers, dim_feedforward, dropout, attn_dropout)
+    design = build_design(decoder, dict(decoder_kwargs or {}), box_bias=box_bias,
+                          box_bias_kwargs=dict(box_bias_kwargs or {}), d_model=d_model, nheads=nheads,
+                          queries_at=placement.queries, key_family=key_family(pe, dec_pe), stride=net.stride)
+    transformer = Transformer(d_model, nheads, enc_layers, dec_layers, dim_feedforward, dropout, attn_dropout,
+                              layer_kwargs=design["layer_kwargs"], enc_pos_scale=design["enc_pos_scale"])
     model = DETR(net, transformer, num_classes=num_classes, num_queries=num_queries, pe=pe,
                  pe_kwargs=dict(pe_kwargs or {}), placement=placement, dec_pe=dec_pe,
-                 dec_pe_kwargs=dict(dec_pe_kwargs or {}), grid=grid, aux_loss=aux_loss)
+                 dec_pe_kwargs=dict(dec_pe_kwargs or {}), grid=grid, aux_loss=aux_loss, queries=design["queries"],
+                 query_dim=design["query_dim"], class_head=class_head or design["default_class_head"])
+    if design["random_refpoints_xy"]:
+        fix_refpoints_xy(model.query_embed.weight)
     model.config = dict(num_classes=num_classes, backbone=backbone, dilation=dilation, backbone_widths=backbone_widths,
                         pe=pe, pe_kwargs=dict(pe_kwargs or {}), pe_at=pe_at if isinstance(pe_at, str) else dict(pe_at),
                         query_pos_at=query_pos_at, dec_pe=dec_pe, dec_pe_kwargs=dict(dec_pe_kwargs or {}), grid=grid,
                         num_queries=num_queries, d_model=d_model, nheads=nheads, enc_layers=enc_layers,
                         dec_layers=dec_layers, dim_feedforward=dim_feedforward, dropout=dropout,
-                        attn_dropout=attn_dropout, aux_loss=aux_loss)
+                        attn_dropout=attn_dropout, aux_loss=aux_loss, decoder=decoder,
+                        decoder_kwargs=dict(decoder_kwargs or {}), box_bias=box_bias,
+                        box_bias_kwargs=dict(box_bias_kwargs or {}), class_head=model.class_head)
     return model

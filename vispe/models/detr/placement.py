@@ -18,9 +18,10 @@ place          ``"input"``                                                ``"att
 What each family can do (anything else is refused with the reason):
 
 * additive: encoder and decoder, at the input or at every attention layer;
-* rotary, bias: encoder ``"attn"`` only: they act on q/k (or logits) of one grid, while the
-  decoder's object queries have no 2D position; give the decoder an additive ``dec_pe`` (e.g.
-  ``"sine"``) or ``decoder="none"``;
+* rotary, bias: encoder ``"attn"`` only: they act on q/k (or logits) of one grid, while DETR's
+  object queries have no 2D position; give the decoder an additive ``dec_pe`` (e.g. ``"sine"``)
+  or ``decoder="none"``; positioned queries (``create_detr(decoder="conditional" | "dab")``) take
+  a rotary encoding in the decoder too, rotated at their anchors;
 * conditional (PEG): encoder ``"input"`` only (on the projected feature map, CPVT's placement);
 * none: no position anywhere, whatever the places say.
 """
@@ -64,8 +65,12 @@ def parse_placement(pe_at, query_pos_at: str = "attn") -> Placement:
     return Placement(**places)
 
 
-def check_family(pe: str, family: str, placement: Placement, dec_pe: str | None, dec_family: str | None) -> None:
-    """Refuse an encoding at a place its family cannot act on, saying why and what to do."""
+def check_family(pe: str, family: str, placement: Placement, dec_pe: str | None, dec_family: str | None, *,
+                 design: str = "detr") -> None:
+    """Refuse an encoding at a place its family cannot act on, saying why and what to do.
+
+    With positioned queries (``design`` "conditional" or "dab") the decoder's keys may also take a
+    rotary encoding (queries rotated at their anchors); they need some key position ("attn")."""
     if family == "none":
         return
     enc = placement.encoder
@@ -81,6 +86,19 @@ def check_family(pe: str, family: str, placement: Placement, dec_pe: str | None,
         return
     fam = dec_family if dec_pe is not None else family
     name = dec_pe if dec_pe is not None else pe
+    if design != "detr":
+        arg = "dec_pe" if dec_pe is not None else "pe"
+        if placement.decoder != "attn":
+            raise ValueError(f"pe_at decoder={placement.decoder!r} with decoder={design!r}: positioned queries meet "
+                             "the keys' positions in every cross-attention; expected pe_at decoder='attn'")
+        if fam not in ("additive", "rotary"):
+            raise ValueError(f"{arg}={name!r} is a {fam} encoding: decoder={design!r} needs the decoder's keys to "
+                             "carry an additive code (the papers' spatial part) or a rotary one (rotated against "
+                             "the anchors); a relative bias needs queries on the grid (for boxes see "
+                             "box_bias='boxrpb'). Pass dec_pe='sine' or dec_pe='rope_axial'")
+        if fam == "rotary" and family == "additive" and dec_pe is not None and placement.encoder == "none":
+            return
+        return
     if fam not in ("additive", "none"):
         raise ValueError(f"{'dec_pe' if dec_pe is not None else 'pe'}={name!r} is a {fam} encoding, but the "
                          f"decoder's cross-attention (pe_at decoder={placement.decoder!r}) needs an additive code "

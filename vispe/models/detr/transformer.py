@@ -14,18 +14,29 @@ q and k (every layer, DETR's default), a rotary or bias encoding sits in the enc
 attention (``attn.pe``), and ``ctx.mask`` (B, h, w) hides padded keys. The attention weights
 are one fused ``qkv`` Linear (rows q, k, v: ``nn.MultiheadAttention``'s ``in_proj_weight``)
 and ``proj`` (its ``out_proj``); the FFN is timm's ``Mlp`` (``fc1``, ReLU, ``fc2``).
+
+One decoder layer serves every query design (``vispe.models.detr.queries``): ``decoupled=True``
+gives its attentions separate position projections (``q_pos`` / ``k_pos``, Conditional DETR and
+DAB-DETR), ``spatial=True`` the cross-attention's spatial part (``q_spatial``), ``cross_pe`` a
+rotary encoding in the cross-attention, ``box_bias`` a bias from the anchors (BoxRPB). The
+decoder loop asks the strategy for each layer's contexts and lets it refine the anchors.
+``enc_pos_scale`` (DAB-DETR's encoder) scales the encoder's additive code by an MLP of the tokens
+in every layer: ``pos_l = pos * MLP(x_l)``.
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 from timm.layers import Mlp
 from torch import nn
 
 from vispe.attention import Attention, PosContext
+from vispe.models.detr.mlp import MLP
 
 
-def _attention(d_model: int, nheads: int, dropout: float, attn_dropout: float) -> Attention:
-    return Attention(d_model, nheads, qkv_bias=True, attn_drop=attn_dropout, proj_drop=dropout)
+def _attention(d_model: int, nheads: int, dropout: float, attn_dropout: float, **kw) -> Attention:
+    return Attention(d_model, nheads, qkv_bias=True, attn_drop=attn_dropout, proj_drop=dropout, **kw)
 
 
 class EncoderLayer(nn.Module):
@@ -42,19 +53,29 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, d_model: int, nheads: int, dim_feedforward: int, dropout: float, attn_dropout: float) -> None:
+    """DETR's post-norm decoder layer; the options place the positions of positioned queries (module docstring)."""
+
+    def __init__(self, d_model: int, nheads: int, dim_feedforward: int, dropout: float, attn_dropout: float, *,
+                 decoupled: bool = False, cross_query_pos: bool = True, spatial: bool = False,
+                 cross_pe=None, box_bias: nn.Module | None = None) -> None:
         super().__init__()
-        self.self_attn = _attention(d_model, nheads, dropout, attn_dropout)
+        self.self_attn = _attention(d_model, nheads, dropout, attn_dropout, q_pos=decoupled, k_pos=decoupled)
         self.norm1 = nn.LayerNorm(d_model)
-        self.cross_attn = _attention(d_model, nheads, dropout, attn_dropout)
+        self.cross_attn = _attention(d_model, nheads, dropout, attn_dropout, q_pos=decoupled and cross_query_pos,
+                                     k_pos=decoupled, spatial=spatial, pe=cross_pe)
         self.norm2 = nn.LayerNorm(d_model)
         self.mlp = Mlp(d_model, dim_feedforward, act_layer=nn.ReLU, drop=dropout)
         self.norm3 = nn.LayerNorm(d_model)
+        self.box_bias = box_bias
 
-    def forward(self, t: torch.Tensor, query_ctx: PosContext, memory: torch.Tensor,
-                memory_ctx: PosContext) -> torch.Tensor:  # (B, Q, d)
+    def forward(self, t: torch.Tensor, query_ctx: PosContext, memory: torch.Tensor, memory_ctx: PosContext, *,
+                cross_ctx: PosContext | None = None, anchors: torch.Tensor | None = None) -> torch.Tensor:  # (B, Q, d)
+        bias = None
+        if self.box_bias is not None:
+            bias = self.box_bias(anchors, memory_ctx.shape, memory_ctx.mask).to(t.dtype)  # (B, heads, Q, h*w)
         t = self.norm1(t + self.self_attn(t, ctx=query_ctx))
-        t = self.norm2(t + self.cross_attn(t, ctx=query_ctx, memory=memory, memory_ctx=memory_ctx))
+        t = self.norm2(t + self.cross_attn(t, ctx=query_ctx if cross_ctx is None else cross_ctx, memory=memory,
+                                           memory_ctx=memory_ctx, bias=bias))
         return self.norm3(t + self.mlp(t))
 
 
@@ -62,13 +83,17 @@ class Transformer(nn.Module):
     """``enc_layers`` encoder layers and ``dec_layers`` decoder layers with a final decoder norm."""
 
     def __init__(self, d_model: int = 256, nheads: int = 8, enc_layers: int = 6, dec_layers: int = 6,
-                 dim_feedforward: int = 2048, dropout: float = 0.1, attn_dropout: float | None = None) -> None:
+                 dim_feedforward: int = 2048, dropout: float = 0.1, attn_dropout: float | None = None, *,
+                 layer_kwargs=None, enc_pos_scale: bool = False) -> None:
+        """``layer_kwargs(i)`` gives decoder layer i's options (``DecoderLayer``); None: DETR's layers."""
         super().__init__()
         attn_dropout = dropout if attn_dropout is None else attn_dropout  # DETR: nn.MultiheadAttention(dropout=0.1)
         args = (d_model, nheads, dim_feedforward, dropout, attn_dropout)
         self.encoder = nn.ModuleList(EncoderLayer(*args) for _ in range(enc_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(*args) for _ in range(dec_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(*args, **(layer_kwargs(i) if layer_kwargs else {}))
+                                     for i in range(dec_layers))
         self.decoder_norm = nn.LayerNorm(d_model)
+        self.enc_pos_scale = MLP(d_model, d_model, d_model, 2) if enc_pos_scale else None
         self.d_model, self.nheads = d_model, nheads
         self._reset_parameters()
 
@@ -84,15 +109,20 @@ class Transformer(nn.Module):
 
     def encode(self, x: torch.Tensor, ctx: PosContext) -> torch.Tensor:  # (B, N, d) -> (B, N, d)
         for layer in self.encoder:
-            x = layer(x, ctx)
+            scaled = self.enc_pos_scale is not None and ctx.pos is not None
+            x = layer(x, replace(ctx, pos=ctx.pos * self.enc_pos_scale(x)) if scaled else ctx)
         return x
 
-    def decode(self, t: torch.Tensor, query_ctx: PosContext, memory: torch.Tensor, memory_ctx: PosContext,
-               *, intermediate: bool = True) -> torch.Tensor:
-        """Decoder outputs after every layer (``intermediate``) or the last only.  # (L|1, B, Q, d)"""
-        outs = []
+    def decode(self, t: torch.Tensor, embed: torch.Tensor, memory: torch.Tensor, memory_ctx: PosContext,
+               queries, anchors=None, box_head: nn.Module | None = None, *, intermediate: bool = True):
+        """Decoder outputs after every layer (``intermediate``) or the last only, and the anchors each
+        layer used (``queries``: a ``vispe.models.detr.queries`` strategy).  # (L|1, B, Q, d), [anchors]"""
+        outs, used = [], []
         for i, layer in enumerate(self.decoder):
-            t = layer(t, query_ctx, memory, memory_ctx)
+            p = queries.layer(i, t, embed, anchors, memory_ctx)
+            t = layer(t, p.self_ctx, memory, p.memory_ctx, cross_ctx=p.cross_ctx, anchors=p.anchors)
             if intermediate or i == len(self.decoder) - 1:
                 outs.append(self.decoder_norm(t))
-        return torch.stack(outs)
+                used.append(anchors)
+            anchors = queries.refine(i, t, anchors, box_head)
+        return torch.stack(outs), used
