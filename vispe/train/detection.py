@@ -31,7 +31,7 @@ class DetectionTask:
     sum_keys = (*LOSS_KEYS, "count")
     #: config keys only this task reads (another task refuses them when they are changed)
     own_keys = ("detr", "task.cost_class", "task.cost_bbox", "task.cost_giou", "task.weight_ce", "task.weight_bbox",
-                "task.weight_giou", "task.eos_coef", "task.size_divisibility", "task.vis_images", "task.vis_score",
+                "task.weight_giou", "task.eos_coef", "task.focal_alpha", "task.focal_gamma", "task.size_divisibility", "task.vis_images", "task.vis_score",
                 "data.max_size", "optim.lr_backbone")
 
     def __init__(self, task_cfg: DictConfig):
@@ -81,9 +81,10 @@ class DetectionTask:
         model = create_detr(info.num_classes, pe=cfg.model.pe, pe_kwargs=dict(cfg.model.pe_kwargs),
                             **{k: (tuple(v) if k in ("grid", "backbone_widths") and v is not None else v)
                                for k, v in m.items()})
-        matcher = HungarianMatcher(t.cost_class, t.cost_bbox, t.cost_giou)
+        focal = dict(focal_alpha=t.focal_alpha, focal_gamma=t.focal_gamma) if model.class_head == "sigmoid" else {}
+        matcher = HungarianMatcher(t.cost_class, t.cost_bbox, t.cost_giou, **focal)
         self.criterion = SetCriterion(info.num_classes, matcher, eos_coef=t.eos_coef, weight_ce=t.weight_ce,
-                                      weight_bbox=t.weight_bbox, weight_giou=t.weight_giou)
+                                      weight_bbox=t.weight_bbox, weight_giou=t.weight_giou, **focal)
         divisor = t.size_divisibility or model.backbone.stride
         self.collate_fn = partial(collate_detection, size_divisibility=divisor)
         return model

@@ -36,7 +36,9 @@ class TaskConfig:
     weight_ce: float = 1.0
     weight_bbox: float = 5.0
     weight_giou: float = 2.0
-    eos_coef: float = 0.1
+    eos_coef: float = 0.1  # softmax class heads only
+    focal_alpha: float = 0.25  # sigmoid class heads (detr.class_head, the positioned designs): focal loss and cost
+    focal_gamma: float = 2.0
     size_divisibility: Optional[int] = None  # pad batches to a multiple of this; None = the backbone's stride
     vis_images: int = 6  # validation images drawn with predicted and true boxes at each evaluation (0 = none)
     vis_score: float = 0.5  # predictions drawn above this score
@@ -99,6 +101,11 @@ class DetrModelConfig:
     dec_pe_kwargs: Dict[str, Any] = field(default_factory=dict)
     grid: Optional[List[int]] = None  # feature grid of encodings with grid-sized tables
     aux_loss: bool = True
+    decoder: str = "detr"  # detr | conditional | dab: the object queries' positions (vispe.models.detr.designs)
+    decoder_kwargs: Dict[str, Any] = field(default_factory=dict)  # the design's options (e.g. query_dim, modulate_hw)
+    box_bias: Optional[str] = None  # boxrpb: Plain-DETR's box-to-pixel bias in cross-attention (decoder=dab)
+    box_bias_kwargs: Dict[str, Any] = field(default_factory=dict)  # hidden, transform (linear | abs_log8), stride
+    class_head: Optional[str] = None  # softmax (K+1, cross-entropy) | sigmoid (K, focal loss); None = the design's
 
 
 @dataclass

@@ -7,6 +7,12 @@ For the predictions matched to targets by ``HungarianMatcher`` (and every other 
     loss_giou = sum of (1 - GIoU) of matched boxes / num_boxes        (torchvision.ops)
     loss      = 1 * loss_ce + 5 * loss_bbox + 2 * loss_giou  (+ the same for every ``aux_outputs`` entry)
 
+With ``focal_alpha`` (Conditional DETR, DAB-DETR, Deformable DETR: alpha 0.25, gamma 2, weights
+2 / 5 / 2) the model has K sigmoid logits (``class_head="sigmoid"``) and ``loss_ce`` is the sigmoid
+focal loss (Lin et al. 2017, ``torchvision.ops.sigmoid_focal_loss``) of the one-hot targets, every
+unmatched query an all-zero target, summed and divided by ``num_boxes`` (the papers' ``mean(1).sum()
+/ num_boxes * num_queries``). The outputs' ``class_head`` must agree with the loss (else ValueError).
+
 ``num_boxes`` is the number of target boxes in the batch, summed over processes when
 torch.distributed is initialised and divided by the world size (DETR), at least 1.
 Targets are checked first (``check_targets``): boxes (N, 4) normalised (cx, cy, w, h) inside the
@@ -19,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torchvision.ops import box_convert, generalized_box_iou_loss
+from torchvision.ops import box_convert, generalized_box_iou_loss, sigmoid_focal_loss
 
 from vispe.models.detr.matcher import HungarianMatcher
 
@@ -60,8 +66,14 @@ class SetCriterion(nn.Module):
     """DETR's loss (module docstring). ``forward(outputs, targets) -> {"loss", "loss_ce", ...}``."""
 
     def __init__(self, num_classes: int, matcher: HungarianMatcher | None = None, *, eos_coef: float = 0.1,
-                 weight_ce: float = 1.0, weight_bbox: float = 5.0, weight_giou: float = 2.0) -> None:
+                 weight_ce: float = 1.0, weight_bbox: float = 5.0, weight_giou: float = 2.0,
+                 focal_alpha: float | None = None, focal_gamma: float = 2.0) -> None:
         super().__init__()
+        if focal_alpha is not None and not (isinstance(focal_alpha, (int, float)) and 0 < focal_alpha < 1):
+            raise ValueError(f"focal_alpha={focal_alpha!r}: expected None (cross-entropy) or a weight in (0, 1) (0.25)")
+        if not (isinstance(focal_gamma, (int, float)) and focal_gamma >= 0):
+            raise ValueError(f"focal_gamma={focal_gamma!r}: expected a non-negative number (2)")
+        self.focal_alpha, self.focal_gamma = focal_alpha, float(focal_gamma)
         if not isinstance(num_classes, int) or num_classes < 1:
             raise ValueError(f"num_classes={num_classes!r}: expected a positive integer")
         if not 0 < eos_coef <= 1:
@@ -75,6 +87,11 @@ class SetCriterion(nn.Module):
 
     def forward(self, outputs: dict, targets: list[dict]) -> dict:
         check_targets(targets, self.num_classes, outputs["pred_logits"].shape[0])
+        head, want = outputs.get("class_head", "softmax"), "sigmoid" if self.focal_alpha is not None else "softmax"
+        if head != want:
+            raise ValueError(f"the model's class_head={head!r} does not fit this criterion ({want!r} logits: "
+                             f"focal_alpha={self.focal_alpha}); build SetCriterion with focal_alpha=0.25 for "
+                             "'sigmoid' heads, None for 'softmax'")
         device = outputs["pred_logits"].device
         targets = [{"boxes": t["boxes"].to(device), "labels": t["labels"].to(device, torch.int64)} for t in targets]
         num_boxes = _num_boxes(targets, device)
@@ -94,7 +111,12 @@ class SetCriterion(nn.Module):
         src_idx = torch.cat([src for src, _ in indices]).to(logits.device)
         target_classes = torch.full(logits.shape[:2], self.num_classes, dtype=torch.int64, device=logits.device)
         target_classes[batch_idx, src_idx] = torch.cat([t["labels"][j] for t, (_, j) in zip(targets, indices)])
-        loss_ce = F.cross_entropy(logits.float().transpose(1, 2), target_classes, self.empty_weight)
+        if self.focal_alpha is None:
+            loss_ce = F.cross_entropy(logits.float().transpose(1, 2), target_classes, self.empty_weight)
+        else:  # one-hot over K + 1, "no object" column dropped: unmatched queries have all-zero targets
+            onehot = F.one_hot(target_classes, self.num_classes + 1)[..., :-1].float()  # (B, Q, K)
+            loss_ce = sigmoid_focal_loss(logits.float(), onehot, alpha=self.focal_alpha, gamma=self.focal_gamma,
+                                         reduction="sum") / num_boxes
         src_boxes = boxes[batch_idx, src_idx].float()  # (M, 4)
         tgt_boxes = torch.cat([t["boxes"][j] for t, (_, j) in zip(targets, indices)]).float()  # (M, 4)
         loss_bbox = F.l1_loss(src_boxes, tgt_boxes, reduction="sum") / num_boxes

@@ -9,11 +9,15 @@
 * facebookresearch/detr's checkpoint format: a dict whose ``model`` entry is the state_dict
   (``backbone.0.body.*``, ``transformer.encoder.layers.N.self_attn.in_proj_weight``, ...; its
   ``args`` give the architecture when present), or that state_dict itself;
+* transformers' ``ConditionalDetrForObjectDetection`` / ``DabDetrForObjectDetection`` or their
+  ``state_dict()`` (``vispe.models.detr.load_positioned``): ``create_detr(decoder="conditional" |
+  "dab")`` with their sigmoid class head and, for DAB-DETR, its feature sine temperature and PReLU;
 * a path to a ``.pth`` / ``.bin`` file holding either (read with ``weights_only=True``).
 
 What the weights cannot tell (``nheads``, ``dilation``, dropout) comes from the config or the
-checkpoint's ``args``, else DETR's defaults (8 heads, no dilation); ``overrides`` go to
-``create_detr`` and win. The position encoding is DETR's: ``sine`` (normalised), or for
+checkpoint's ``args``; a bare state_dict without them is refused unless ``nheads`` is passed
+(a guess would build another model silently: 4 and 8 heads have the same tensors); ``overrides``
+go to ``create_detr`` and win. The position encoding is DETR's: ``sine`` (normalised), or for
 ``position_embedding_type="learned"`` / DETR's ``row_embed``/``col_embed`` the ``learned_rowcol``
 encoding with ``axis_order="xy"`` (DETR puts x first). Every key of the model must be filled and
 every key of the source used, with equal shapes; anything else is a ValueError naming the key.
@@ -29,6 +33,7 @@ from pathlib import Path
 import torch
 
 from vispe.encoding import GRID_KEY
+from vispe.models.detr import load_positioned as P
 from vispe.models.detr.model import DETR, create_detr
 
 _COMMON = [  # (pattern, replacement) applied to both formats after their own renames
@@ -74,8 +79,14 @@ def _read(source):
         with torch.serialization.safe_globals([argparse.Namespace]):
             source = torch.load(path, map_location="cpu", weights_only=True)
     if isinstance(source, torch.nn.Module):
-        if not hasattr(source, "config") or getattr(source.config, "model_type", None) != "detr":
-            raise ValueError(f"source is a {type(source).__name__}: expected a transformers DetrForObjectDetection")
+        model_type = getattr(getattr(source, "config", None), "model_type", None)
+        if model_type in P.DESIGN_OF_MODEL_TYPE:
+            design = P.DESIGN_OF_MODEL_TYPE[model_type]
+            _check_timm_backbone(source.config)
+            return source.state_dict(), design, P.hints_from_config(source.config, design)
+        if model_type != "detr":
+            raise ValueError(f"source is a {type(source).__name__}: expected a transformers DetrForObjectDetection, "
+                             "ConditionalDetrForObjectDetection or DabDetrForObjectDetection")
         return source.state_dict(), "transformers", _hints_from_hf_config(source.config)
     if not isinstance(source, dict):
         raise ValueError(f"source is a {type(source).__name__}: expected a model, a state_dict, a DETR checkpoint or a path")
@@ -84,6 +95,9 @@ def _read(source):
         hints = _hints_from_detr_args(source.get("args"))
         source = source["model"]
     keys = list(source)
+    design = P.design_of_state(source)
+    if design is not None and any(k.startswith("model.") for k in keys):
+        return source, design, {**hints, "decoder": design, "class_head": "sigmoid"}
     if any(k.startswith("model.") for k in keys):
         return source, "transformers", hints
     if any(k.startswith("transformer.encoder.layers.") or k.startswith("backbone.0.body.") for k in keys):
@@ -92,13 +106,18 @@ def _read(source):
                      "(model.backbone..., class_labels_classifier...) or a facebookresearch/detr one (backbone.0.body...)")
 
 
-def _hints_from_hf_config(c) -> dict:
+def _check_timm_backbone(c) -> str | None:
+    """The timm backbone's name of a transformers config; its own ResNet is refused."""
     bb = getattr(c, "backbone_config", None)
     timm_bb = getattr(bb, "model_type", None) == "timm_backbone" if bb is not None else getattr(c, "use_timm_backbone", False)
-    name = getattr(bb, "backbone", None) if bb is not None else getattr(c, "backbone", None)
     if not timm_bb:
         raise ValueError("source uses transformers' own ResNet backbone (use_timm_backbone=False): expected the "
                          "timm backbone (the hub's DETR checkpoints use it); convert or rebuild with use_timm_backbone=True")
+    return getattr(bb, "backbone", None) if bb is not None else getattr(c, "backbone", None)
+
+
+def _hints_from_hf_config(c) -> dict:
+    name = _check_timm_backbone(c)
     if c.encoder_attention_heads != c.decoder_attention_heads or c.encoder_ffn_dim != c.decoder_ffn_dim:
         raise ValueError("source has different encoder and decoder heads or FFN sizes: vispe's DETR uses one of each")
     if getattr(c, "activation_function", "relu") != "relu":
@@ -122,7 +141,7 @@ def _hints_from_detr_args(args) -> dict:
 
 
 def _rename(state: dict, fmt: str) -> dict:
-    rules = (_HF if fmt == "transformers" else _DETR) + _COMMON
+    rules = {"transformers": _HF + _COMMON, "detr": _DETR + _COMMON, "conditional": P.CONDITIONAL, "dab": P.DAB}[fmt]
     out, pieces = {}, {}
     for key, value in state.items():
         new = key
@@ -137,7 +156,7 @@ def _rename(state: dict, fmt: str) -> dict:
         if set(parts) != {"q", "k", "v"}:
             raise ValueError(f"source has {sorted(parts)} projections for {prefix}.{kind}: expected q, k and v")
         out[f"{prefix}.qkv.{kind}"] = torch.cat([parts[c][1] for c in "qkv"], dim=0)
-    return out
+    return P.tie_dab_box_heads(out) if fmt == "dab" else out
 
 
 def _architecture(state: dict, hints: dict) -> dict:
@@ -155,10 +174,24 @@ def _architecture(state: dict, hints: dict) -> dict:
     backbone = hints.get("backbone") or guess
     if backbone not in ("resnet18", "resnet34", "resnet50", "resnet101"):
         raise ValueError(f"source backbone {backbone!r} ({blocks} blocks in layer3): expected a ResNet-18/34/50/101")
-    arch = dict(num_classes=state["class_embed.weight"].shape[0] - 1, num_queries=q.shape[0], d_model=q.shape[1],
+    positioned = hints.get("decoder", "detr") != "detr"
+    arch = dict(num_classes=state["class_embed.weight"].shape[0] - (0 if positioned else 1), num_queries=q.shape[0],
+                d_model=state["input_proj.weight"].shape[0] if positioned else q.shape[1],
                 enc_layers=count("transformer.encoder."), dec_layers=count("transformer.decoder."),
                 dim_feedforward=state["transformer.decoder.0.mlp.fc1.weight"].shape[0], backbone=backbone)
-    arch.update({k: hints[k] for k in ("dilation", "nheads", "dropout", "attn_dropout", "aux_loss") if k in hints})
+    arch.update({k: hints[k] for k in ("dilation", "nheads", "dropout", "attn_dropout", "aux_loss", "decoder",
+                                       "class_head", "activation", "pe_kwargs") if k in hints})
+    if positioned:
+        dk = dict(hints.get("decoder_kwargs", {}))
+        if hints["decoder"] == "dab":
+            dk.setdefault("query_dim", q.shape[1])
+            dk.setdefault("keep_query_pos", "transformer.decoder.1.cross_attn.q_pos.weight" in state)
+        else:
+            dk.setdefault("keep_query_pos", "transformer.decoder.1.cross_attn.q_pos.weight" in state)
+        if hints["decoder"] == "dab" and "activation" not in hints:
+            arch["activation"] = "prelu" if "transformer.decoder.0.mlp.act.weight" in state else "relu"
+        arch["decoder_kwargs"] = dk
+        return arch
     learned = hints.get("position") == "learned" or "pe.row.weight" in state
     if learned:
         n = state["pe.row.weight"].shape[0] if "pe.row.weight" in state else 50
@@ -170,6 +203,10 @@ def load_detr(source, **overrides) -> DETR:
     """A vispe DETR built for ``source``'s architecture with its weights (module docstring)."""
     state, fmt, hints = _read(source)
     state = _rename({k: v for k, v in state.items() if not k.endswith("num_batches_tracked")}, fmt)
+    if "nheads" not in hints and "nheads" not in overrides:
+        raise ValueError("source is a state_dict without its configuration: the number of attention heads cannot be "
+                         "read from the weights (4 and 8 heads have the same tensors); pass nheads=... (and "
+                         "dilation=True for a DC5 model), or load the transformers model itself")
     kwargs = {**_architecture(state, hints), **overrides}
     model = create_detr(**kwargs)
     own = {k: v for k, v in model.state_dict().items() if not k.endswith("." + GRID_KEY)}  # grid records: optional

@@ -6,6 +6,10 @@ For each image, the cost of predicting target j with query i is
 
 (p = softmax of the class logits, boxes normalised (cx, cy, w, h)), and scipy's
 ``linear_sum_assignment`` finds the minimal-cost matching (min(Q, N) pairs). DETR's weights: 1, 5, 2.
+
+With ``focal_alpha`` (sigmoid class heads, Conditional / DAB / Deformable DETR: weights 2, 5, 2) the
+class term is the focal cost of the target class, p = sigmoid of its logit:
+``alpha (1 - p)^gamma (-log p) - (1 - alpha) p^gamma (-log(1 - p))``.
 """
 from __future__ import annotations
 
@@ -25,8 +29,12 @@ def _non_negative(name: str, value) -> float:
 class HungarianMatcher(nn.Module):
     """``forward(outputs, targets) -> [(pred_idx (M,), target_idx (M,)) per image]``, int64 on the CPU."""
 
-    def __init__(self, cost_class: float = 1.0, cost_bbox: float = 5.0, cost_giou: float = 2.0) -> None:
+    def __init__(self, cost_class: float = 1.0, cost_bbox: float = 5.0, cost_giou: float = 2.0, *,
+                 focal_alpha: float | None = None, focal_gamma: float = 2.0) -> None:
         super().__init__()
+        if focal_alpha is not None and not (isinstance(focal_alpha, (int, float)) and 0 < focal_alpha < 1):
+            raise ValueError(f"focal_alpha={focal_alpha!r}: expected None (softmax cost) or a weight in (0, 1) (0.25)")
+        self.focal_alpha, self.focal_gamma = focal_alpha, _non_negative("focal_gamma", focal_gamma)
         self.cost_class = _non_negative("cost_class", cost_class)
         self.cost_bbox = _non_negative("cost_bbox", cost_bbox)
         self.cost_giou = _non_negative("cost_giou", cost_giou)
@@ -37,8 +45,14 @@ class HungarianMatcher(nn.Module):
     def cost_matrix(self, logits: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor,
                     tgt_boxes: torch.Tensor) -> torch.Tensor:
         """Costs of every (query, target) pair.  # (Q', N') for Q' predictions and N' targets"""
-        prob = logits.float().softmax(-1)  # (Q', K+1)
-        cost = -self.cost_class * prob[:, labels]  # (Q', N')
+        if self.focal_alpha is None:
+            cost = -self.cost_class * logits.float().softmax(-1)[:, labels]  # (Q', N')
+        else:
+            p = logits.float().sigmoid()[:, labels]  # (Q', N')
+            a, g = self.focal_alpha, self.focal_gamma
+            pos = a * (1 - p) ** g * -(p + 1e-8).log()
+            neg = (1 - a) * p ** g * -(1 - p + 1e-8).log()
+            cost = self.cost_class * (pos - neg)  # (Q', N')
         cost = cost + self.cost_bbox * torch.cdist(boxes.float(), tgt_boxes.float(), p=1)
         giou = generalized_box_iou(box_convert(boxes.float(), "cxcywh", "xyxy"),
                                    box_convert(tgt_boxes.float(), "cxcywh", "xyxy"))  # (Q', N')

@@ -131,9 +131,10 @@ class DETR(nn.Module):
                                            intermediate=self.aux_loss)  # (L, B, Q, d), [anchors of each layer]
         logits = self.class_embed(hs)  # (L, B, Q, K+1 | K)
         boxes = self.queries.boxes(self.bbox_embed(hs), used)  # (L, B, Q, 4)
-        out = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
+        out = {"pred_logits": logits[-1], "pred_boxes": boxes[-1], "class_head": self.class_head}
         if self.aux_loss:
-            out["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1])]
+            out["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b, "class_head": self.class_head}
+                                  for a, b in zip(logits[:-1], boxes[:-1])]
         return out
 
     def param_groups(self, lr: float, lr_backbone: float, weight_decay: float) -> list[dict]:
@@ -167,7 +168,7 @@ def create_detr(num_classes: int, *, backbone: str = "resnet50", backbone_weight
                 nheads: int = 8, enc_layers: int = 6, dec_layers: int = 6, dim_feedforward: int = 2048,
                 dropout: float = 0.1, attn_dropout: float | None = None, aux_loss: bool = True,
                 decoder: str = "detr", decoder_kwargs: dict | None = None, box_bias: str | None = None,
-                box_bias_kwargs: dict | None = None, class_head: str | None = None) -> DETR:
+                box_bias_kwargs: dict | None = None, class_head: str | None = None, activation: str = "relu") -> DETR:
     """A DETR-style detector with encoding ``pe``; the defaults are DETR R50's.
 
     Args:
@@ -191,6 +192,7 @@ def create_detr(num_classes: int, *, backbone: str = "resnet50", backbone_weight
         decoder, decoder_kwargs, box_bias, box_bias_kwargs: the query design ("detr", "conditional",
             "dab") with its options, and Plain-DETR's box bias (``vispe.models.detr.designs``).
         class_head: "softmax" (K + 1) or "sigmoid" (K, focal loss); default by design.
+        activation: the FFNs' "relu" (DETR, Conditional DETR), "prelu" (DAB-DETR) or "gelu".
     """
     for name, value in (("num_classes", num_classes), ("num_queries", num_queries), ("d_model", d_model),
                         ("nheads", nheads), ("enc_layers", enc_layers), ("dec_layers", dec_layers),
@@ -210,7 +212,8 @@ def create_detr(num_classes: int, *, backbone: str = "resnet50", backbone_weight
                           box_bias_kwargs=dict(box_bias_kwargs or {}), d_model=d_model, nheads=nheads,
                           queries_at=placement.queries, key_family=key_family(pe, dec_pe), stride=net.stride)
     transformer = Transformer(d_model, nheads, enc_layers, dec_layers, dim_feedforward, dropout, attn_dropout,
-                              layer_kwargs=design["layer_kwargs"], enc_pos_scale=design["enc_pos_scale"])
+                              layer_kwargs=design["layer_kwargs"], enc_pos_scale=design["enc_pos_scale"],
+                              activation=activation)
     model = DETR(net, transformer, num_classes=num_classes, num_queries=num_queries, pe=pe,
                  pe_kwargs=dict(pe_kwargs or {}), placement=placement, dec_pe=dec_pe,
                  dec_pe_kwargs=dict(dec_pe_kwargs or {}), grid=grid, aux_loss=aux_loss, queries=design["queries"],
@@ -224,5 +227,6 @@ def create_detr(num_classes: int, *, backbone: str = "resnet50", backbone_weight
                         dec_layers=dec_layers, dim_feedforward=dim_feedforward, dropout=dropout,
                         attn_dropout=attn_dropout, aux_loss=aux_loss, decoder=decoder,
                         decoder_kwargs=dict(decoder_kwargs or {}), box_bias=box_bias,
-                        box_bias_kwargs=dict(box_bias_kwargs or {}), class_head=model.class_head)
+                        box_bias_kwargs=dict(box_bias_kwargs or {}), class_head=model.class_head,
+                        activation=activation)
     return model

@@ -39,12 +39,16 @@ def _attention(d_model: int, nheads: int, dropout: float, attn_dropout: float, *
     return Attention(d_model, nheads, qkv_bias=True, attn_drop=attn_dropout, proj_drop=dropout, **kw)
 
 
+ACTIVATIONS = {"relu": nn.ReLU, "prelu": nn.PReLU, "gelu": nn.GELU}  # FFN activation (DAB-DETR: prelu)
+
+
 class EncoderLayer(nn.Module):
-    def __init__(self, d_model: int, nheads: int, dim_feedforward: int, dropout: float, attn_dropout: float) -> None:
+    def __init__(self, d_model: int, nheads: int, dim_feedforward: int, dropout: float, attn_dropout: float,
+                 activation: str = "relu") -> None:
         super().__init__()
         self.self_attn = _attention(d_model, nheads, dropout, attn_dropout)
         self.norm1 = nn.LayerNorm(d_model)
-        self.mlp = Mlp(d_model, dim_feedforward, act_layer=nn.ReLU, drop=dropout)
+        self.mlp = Mlp(d_model, dim_feedforward, act_layer=ACTIVATIONS[activation], drop=dropout)
         self.norm2 = nn.LayerNorm(d_model)
 
     def forward(self, x: torch.Tensor, ctx: PosContext) -> torch.Tensor:  # (B, N, d)
@@ -55,8 +59,8 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     """DETR's post-norm decoder layer; the options place the positions of positioned queries (module docstring)."""
 
-    def __init__(self, d_model: int, nheads: int, dim_feedforward: int, dropout: float, attn_dropout: float, *,
-                 decoupled: bool = False, cross_query_pos: bool = True, spatial: bool = False,
+    def __init__(self, d_model: int, nheads: int, dim_feedforward: int, dropout: float, attn_dropout: float,
+                 activation: str = "relu", *, decoupled: bool = False, cross_query_pos: bool = True, spatial: bool = False,
                  cross_pe=None, box_bias: nn.Module | None = None) -> None:
         super().__init__()
         self.self_attn = _attention(d_model, nheads, dropout, attn_dropout, q_pos=decoupled, k_pos=decoupled)
@@ -64,7 +68,7 @@ class DecoderLayer(nn.Module):
         self.cross_attn = _attention(d_model, nheads, dropout, attn_dropout, q_pos=decoupled and cross_query_pos,
                                      k_pos=decoupled, spatial=spatial, pe=cross_pe)
         self.norm2 = nn.LayerNorm(d_model)
-        self.mlp = Mlp(d_model, dim_feedforward, act_layer=nn.ReLU, drop=dropout)
+        self.mlp = Mlp(d_model, dim_feedforward, act_layer=ACTIVATIONS[activation], drop=dropout)
         self.norm3 = nn.LayerNorm(d_model)
         self.box_bias = box_bias
 
@@ -84,11 +88,13 @@ class Transformer(nn.Module):
 
     def __init__(self, d_model: int = 256, nheads: int = 8, enc_layers: int = 6, dec_layers: int = 6,
                  dim_feedforward: int = 2048, dropout: float = 0.1, attn_dropout: float | None = None, *,
-                 layer_kwargs=None, enc_pos_scale: bool = False) -> None:
+                 layer_kwargs=None, enc_pos_scale: bool = False, activation: str = "relu") -> None:
         """``layer_kwargs(i)`` gives decoder layer i's options (``DecoderLayer``); None: DETR's layers."""
         super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation={activation!r}: expected one of {', '.join(map(repr, ACTIVATIONS))}")
         attn_dropout = dropout if attn_dropout is None else attn_dropout  # DETR: nn.MultiheadAttention(dropout=0.1)
-        args = (d_model, nheads, dim_feedforward, dropout, attn_dropout)
+        args = (d_model, nheads, dim_feedforward, dropout, attn_dropout, activation)
         self.encoder = nn.ModuleList(EncoderLayer(*args) for _ in range(enc_layers))
         self.decoder = nn.ModuleList(DecoderLayer(*args, **(layer_kwargs(i) if layer_kwargs else {}))
                                      for i in range(dec_layers))

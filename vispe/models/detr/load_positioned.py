@@ -1,0 +1,114 @@
+"""Key maps and architectures of the positioned-query detectors for ``load_detr``.
+
+transformers' ``ConditionalDetrForObjectDetection`` and ``DabDetrForObjectDetection`` (a model, or its
+``state_dict()`` with the architecture passed as arguments) map onto ``create_detr(decoder=
+"conditional" | "dab")``; see ``vispe.models.detr.load`` for the entry point. Content and position
+projections (``q_content_proj``, ``q_pos_proj``, ...) map onto the one ``Attention``: content q, k, v
+into its fused ``qkv`` (``load._rename`` fuses them), positions into ``q_pos`` / ``k_pos``, the sine
+query projection into ``q_spatial``. DAB-DETR's decoder box head (``model.decoder.bbox_embed``) is
+its ``bbox_predictor`` (tied in transformers): both keys must hold the same tensor.
+"""
+from __future__ import annotations
+
+import torch
+
+DESIGN_OF_MODEL_TYPE = {"conditional_detr": "conditional", "dab-detr": "dab"}
+
+_COMMON = [
+    (r"^model\.backbone\.(?:conv_encoder\.)?model\.(?:_backbone\.)?", "backbone.body."),
+    (r"^model\.input_projection\.", "input_proj."),
+    (r"^model\.decoder\.layernorm\.", "transformer.decoder_norm."),
+    (r"^model\.decoder\.(query_scale|ref_point_head|ref_anchor_head)\.", r"queries.\1."),
+    (r"^model\.encoder\.query_scale\.", "transformer.enc_pos_scale."),
+    (r"^model\.(encoder|decoder)\.layers\.(\d+)\.", r"transformer.\1.\2."),
+    (r"^bbox_predictor\.", "bbox_embed."),
+]
+CONDITIONAL = [
+    (r"^model\.query_position_embeddings\.", "query_embed."),
+    (r"^class_labels_classifier\.", "class_embed."),
+    *_COMMON,
+    (r"\.encoder_attn\.", ".cross_attn."),
+    (r"\.(self_attn|cross_attn)\.o_proj\.", r".\1.proj."),
+    (r"\.(self_attn|cross_attn)\.(q|k)_content_proj\.", r".\1.\2_proj."),
+    (r"\.(self_attn|cross_attn)\.(q|k)_pos_proj\.", r".\1.\2_pos."),
+    (r"\.cross_attn\.q_pos_sine_proj\.", ".cross_attn.q_spatial."),
+    (r"^(transformer\.decoder\.\d+\.)encoder_attn_layer_norm\.", r"\1norm2."),
+    (r"^(transformer\.decoder\.\d+\.)final_layer_norm\.", r"\1norm3."),
+    (r"^(transformer\.encoder\.\d+\.)final_layer_norm\.", r"\1norm2."),
+    (r"\.self_attn_layer_norm\.", ".norm1."),
+]
+DAB = [
+    (r"^model\.query_refpoint_embeddings\.", "query_embed."),
+    (r"^model\.decoder\.bbox_embed\.", "decoder_bbox_embed."),
+    *_COMMON,
+    # encoder layers: DETR's attention names, FFN without the mlp prefix
+    (r"^(transformer\.encoder\.\d+\.)self_attn\.out_proj\.", r"\1self_attn.proj."),
+    (r"^(transformer\.encoder\.\d+\.)(fc1|fc2)\.", r"\1mlp.\2."),
+    (r"^(transformer\.encoder\.\d+\.)activation_fn\.", r"\1mlp.act."),
+    (r"^(transformer\.encoder\.\d+\.)final_layer_norm\.", r"\1norm2."),
+    (r"^(transformer\.encoder\.\d+\.)self_attn_layer_norm\.", r"\1norm1."),
+    # decoder layers: self_attn.self_attn_query_content_proj, cross_attn.cross_attn_key_pos_proj, ...
+    (r"\.(self_attn|cross_attn)\.\1\.output_proj\.", r".\1.proj."),
+    (r"\.(self_attn|cross_attn)\.(?:self_attn|cross_attn)_layer_norm\.", r".\1.LN."),
+    (r"\.(self_attn|cross_attn)\.(?:self_attn|cross_attn)_query_content_proj\.", r".\1.q_proj."),
+    (r"\.(self_attn|cross_attn)\.(?:self_attn|cross_attn)_key_content_proj\.", r".\1.k_proj."),
+    (r"\.(self_attn|cross_attn)\.(?:self_attn|cross_attn)_value_proj\.", r".\1.v_proj."),
+    (r"\.(self_attn|cross_attn)\.(?:self_attn|cross_attn)_query_pos_sine_proj\.", r".\1.q_spatial."),
+    (r"\.(self_attn|cross_attn)\.(?:self_attn|cross_attn)_query_pos_proj\.", r".\1.q_pos."),
+    (r"\.(self_attn|cross_attn)\.(?:self_attn|cross_attn)_key_pos_proj\.", r".\1.k_pos."),
+    (r"\.self_attn\.LN\.", ".norm1."),
+    (r"\.cross_attn\.LN\.", ".norm2."),
+    (r"^(transformer\.decoder\.\d+\.)mlp\.final_layer_norm\.", r"\1norm3."),
+    (r"^(transformer\.decoder\.\d+\.)mlp\.activation_fn\.", r"\1mlp.act."),
+]
+
+
+def tie_dab_box_heads(state: dict) -> dict:
+    """DAB-DETR's decoder box head is its box predictor: fold ``decoder_bbox_embed.*`` into ``bbox_embed.*``."""
+    out = {k: v for k, v in state.items() if not k.startswith("decoder_bbox_embed.")}
+    for k, v in state.items():
+        if k.startswith("decoder_bbox_embed."):
+            own = "bbox_embed." + k[len("decoder_bbox_embed."):]
+            if own in out and not torch.equal(out[own], v):
+                raise ValueError(f"source's model.decoder.bbox_embed and bbox_predictor differ at {own!r}: DAB-DETR "
+                                 "shares one box head between anchor refinement and predictions (vispe too)")
+            out.setdefault(own, v)
+    return out
+
+
+def hints_from_config(c, design: str) -> dict:
+    """create_detr arguments a transformers Conditional/DAB-DETR config gives beyond the weights."""
+    if c.encoder_attention_heads != c.decoder_attention_heads or c.encoder_ffn_dim != c.decoder_ffn_dim:
+        raise ValueError("source has different encoder and decoder heads or FFN sizes: vispe's DETR uses one of each")
+    act = getattr(c, "activation_function", "relu")
+    hints = dict(nheads=c.encoder_attention_heads, dropout=c.dropout, attn_dropout=c.attention_dropout,
+                 aux_loss=True, dilation=bool(getattr(c, "dilation", False)), activation=act,
+                 backbone=getattr(c, "backbone", None), decoder=design, class_head="sigmoid")
+    if getattr(c, "normalize_before", False):
+        raise ValueError("source has normalize_before=True: vispe's decoder is post-norm (the papers' default)")
+    if design == "conditional":
+        if getattr(c, "position_embedding_type", "sine") != "sine":
+            raise ValueError(f"source has position_embedding_type={c.position_embedding_type!r}: expected 'sine'")
+        hints["pe_kwargs"] = dict(temperature=10000.0, normalize=True)
+        return hints
+    if c.temperature_height != c.temperature_width:
+        raise ValueError(f"source has temperature_height={c.temperature_height}, temperature_width="
+                         f"{c.temperature_width}: vispe's sine has one temperature for both axes")
+    if getattr(c, "num_patterns", 0):
+        raise ValueError(f"source has num_patterns={c.num_patterns}: vispe's DAB-DETR has no pattern embeddings")
+    scale = getattr(c, "sine_position_embedding_scale", None)
+    hints["pe_kwargs"] = dict(temperature=float(c.temperature_height), normalize=True,
+                              **({"scale": float(scale)} if scale is not None else {}))
+    hints["decoder_kwargs"] = dict(query_dim=c.query_dim, keep_query_pos=bool(c.keep_query_pos),
+                                   random_refpoints_xy=bool(c.random_refpoints_xy))
+    return hints
+
+
+def design_of_state(state: dict) -> str | None:
+    """"conditional" / "dab" for a transformers state_dict of those models (renamed or not), else None."""
+    keys = list(state)
+    if any("query_refpoint_embeddings" in k for k in keys):
+        return "dab"
+    if any(k.endswith("q_pos_sine_proj.weight") for k in keys):
+        return "conditional"
+    return None
