@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# DETR's Table 3 on the embedded shapes set, continued: positioned object queries (issue 25).
+# configs/shapes_detr.yaml's budget (16 epochs, same model size, data, optimiser) with the query
+# designs of vispe.models.detr.designs; the positioned designs use their papers' focal loss weights
+# (classification 2, matching cost 2). Two lanes of one-thread runs; finished points are skipped.
+#
+#   bash results/compare/run_detr_queries.sh                 # from the repository root
+#   python -m vispe.report runs/sweeps/shapes_detr_queries && python results/compare/update.py
+set -u
+cd "$(dirname "$0")/../.."
+PY=${PY:-.venv/bin/python}
+OUT=${OUT:-runs/sweeps/shapes_detr_queries}
+FOCAL="task.weight_ce=2 task.cost_class=2"
+sweep() { $PY -m vispe.sweep --config configs/shapes_detr.yaml --out "$OUT" --threads 1 "$@"; }
+cond() { sweep --pe sine --vary detr.decoder=conditional --seeds "$1" $FOCAL; }
+dab() { sweep --pe sine --vary detr.decoder=dab --seeds "$1" $FOCAL model.pe_kwargs.temperature=20; }
+boxrpb() { sweep --pe sine --vary detr.decoder=dab --vary detr.box_bias=boxrpb --seeds "$1" $FOCAL model.pe_kwargs.temperature=20; }
+rope_axial() { sweep --pe sine --vary detr.decoder=dab --vary detr.dec_pe=rope_axial --seeds "$1" $FOCAL model.pe_kwargs.temperature=20; }
+rope_mixed() { sweep --pe sine --vary detr.decoder=dab --vary detr.dec_pe=rope_mixed --seeds "$1" $FOCAL model.pe_kwargs.temperature=20; }
+# seed 0 of every row first, so that a partial run still has every row
+( cond 0; boxrpb 0; rope_mixed 0; cond 1; boxrpb 1; rope_mixed 1; cond 2; boxrpb 2 ) > "${OUT}_lane1.log" 2>&1 &
+( dab 0; rope_axial 0; dab 1; rope_axial 1; dab 2; rope_axial 2; rope_mixed 2 ) > "${OUT}_lane2.log" 2>&1 &
+wait
+echo "positioned-query sweep done: $OUT"
