@@ -11,6 +11,7 @@ cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-runs/sweeps/shapes_detr_queries}
 FOCAL="task.weight_ce=2 task.cost_class=2"
+mkdir -p "$(dirname "$OUT")"
 sweep() { $PY -m vispe.sweep --config configs/shapes_detr.yaml --out "$OUT" --threads 1 "$@"; }
 cond() { sweep --pe sine --vary detr.decoder=conditional --seeds "$1" $FOCAL; }
 dab() { sweep --pe sine --vary detr.decoder=dab --seeds "$1" $FOCAL model.pe_kwargs.temperature=20; }

@@ -88,7 +88,7 @@ def build_design(decoder: str, decoder_kwargs: dict, *, box_bias: str | None, bo
     bias_kw = {"stride": float(stride), **box_bias_kwargs}
 
     def layer_kwargs(i: int) -> dict:
-        return dict(decoupled=True, cross_query_pos=(i == 0 or keep) and cross == "concat",
+        return dict(decoupled=True, cross_query_pos=i == 0 or keep,
                     spatial=cross == "concat",
                     box_bias=BoxRPB(nheads, **bias_kw) if box_bias is not None else None)
 

@@ -25,7 +25,8 @@ DAB's feature-map sine uses 20, its anchor sine 10000: DAB-DETR#21). For 4D anch
 
 How the anchors meet the memory in cross-attention (``cross``): ``"concat"`` (the papers' spatial
 part, against the keys' additive grid code), ``"rotary"`` (a rotary encoding in the cross-attention:
-queries rotated at the anchor centre, keys at their cells; no spatial part), and optionally a box bias
+queries rotated at the anchor centre, keys at their cells; no spatial part; ``p_q`` is added to the
+first layer's query as in the papers, since the content is still zero there), and optionally a box bias
 (``vispe.models.detr.box_bias``) on top, computed by the decoder layer from the anchors.
 """
 from __future__ import annotations
@@ -112,7 +113,9 @@ class PositionedQueries(QueryPositions):
         first = i == 0 or self.keep_query_pos
         self_ctx = PosContext(pos=pos)
         if self.cross == "rotary":  # rotated at the anchor centre; keys rotated on their grid
-            cross = PosContext(coords=anchors[..., [1, 0]].float())
+            # p_q on q in the first layer, as the papers: there the content is still zero, and a zero
+            # query has nothing to rotate
+            cross = PosContext(pos=pos if first else None, coords=anchors[..., [1, 0]].float())
             mem = replace(memory_ctx, pos=None, spatial=None)
         else:
             cross = PosContext(pos=pos if first else None, spatial=spatial)
