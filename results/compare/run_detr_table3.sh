@@ -11,7 +11,9 @@ set -u
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-runs/sweeps/shapes_detr}
-sweep() { $PY -m vispe.sweep --config configs/shapes_detr.yaml --out "$OUT" --threads 1 "$@"; }
+# DETR's own design and losses, pinned: configs/shapes_detr.yaml now defaults to DAB-DETR (issue 25)
+DETR="detr.decoder=detr task.weight_ce=1 task.cost_class=1"
+sweep() { $PY -m vispe.sweep --config configs/shapes_detr.yaml --out "$OUT" --threads 1 "$@" $DETR; }
 row1() { sweep --pe none --vary detr.query_pos_at=input --seeds "$1"; }                       # no position
 row2() { sweep --pe sine --vary detr.pe_at=input --vary detr.query_pos_at=input --seeds "$1"; } # sine at input
 row3() { sweep --pe learned_rowcol --seeds "$1"; }                                             # learned at attn.

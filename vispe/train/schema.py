@@ -106,6 +106,7 @@ class DetrModelConfig:
     box_bias: Optional[str] = None  # boxrpb: Plain-DETR's box-to-pixel bias in cross-attention (decoder=dab)
     box_bias_kwargs: Dict[str, Any] = field(default_factory=dict)  # hidden, transform (linear | abs_log8), stride
     class_head: Optional[str] = None  # softmax (K+1, cross-entropy) | sigmoid (K, focal loss); None = the design's
+    activation: str = "relu"  # the transformer FFNs': relu | prelu (DAB-DETR) | gelu
 
 
 @dataclass
