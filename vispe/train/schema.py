@@ -159,7 +159,8 @@ class Config:
     smoke: List[str] = field(default_factory=list)  # overrides applied by `train.py --smoke`
 
 
-FREE_DICTS = ("data.kwargs", "model.pe_kwargs", "model.kwargs", "detr.dec_pe_kwargs", "detr.pe_at")
+FREE_DICTS = ("data.kwargs", "model.pe_kwargs", "model.kwargs", "detr.dec_pe_kwargs", "detr.pe_at", "detr.decoder_kwargs",
+              "detr.box_bias_kwargs")
 
 
 def schema_keys(cls=Config, prefix: str = "") -> list[str]:
