@@ -21,6 +21,7 @@ DESIGNS = {
     "dab rope_axial": dict(decoder="dab", dec_pe="rope_axial"),
     "dab rope_mixed": dict(decoder="dab", dec_pe="rope_mixed"),
     "conditional rope_mixed": dict(decoder="conditional", dec_pe="rope_mixed"),
+    "dab fourier anchors": dict(decoder="dab", decoder_kwargs=dict(anchor_pe="fourier")),
 }
 
 
@@ -278,7 +279,9 @@ def test_gradients_reach_the_anchors_the_rotary_frequencies_and_the_box_bias():
 
 @pytest.mark.parametrize("name, kw", [("sine", dict(offset=-0.5, eps=0.0)), ("rope_axial", {}),
                                       ("rope_axial", dict(coords="normalized", ref_grid=(4, 4), scale=0.7)),
-                                      ("rope_axial", dict(coords="centered")), ("rope_mixed", {})])
+                                      ("rope_axial", dict(coords="centered")), ("rope_mixed", {}),
+                                      ("fourier", dict(mask_aware=True)),
+                                      ("fourier", dict(mask_aware=True, coords="index", learnable=True, mlp_dim=8))])
 def test_at_cell_centres_equals_the_grid_code_position_by_position(name, kw):
     """Unit coordinates (i + 0.5) / n of a non-square grid, with a padded second image: ``at`` gives the
     grid path's values token by token (y first: a swap would differ on 3 x 5)."""
@@ -297,3 +300,21 @@ def test_at_cell_centres_equals_the_grid_code_position_by_position(name, kw):
         torch.testing.assert_close(at[b][..., valid[b], :], grid[b][..., valid[b], :], rtol=0, atol=1e-5)
     transposed = pe.at(coords.flip(-1), extent.flip(-1))
     assert (transposed[0] - grid[0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("name", ["sine", "rope_axial", "rope_mixed"])
+def test_at_is_computed_in_float32_under_bfloat16_autocast(name):
+    """FIELD-NOTES: low-precision angles. Under autocast the codes and angles at coordinates are the
+    float32 ones (rotary: float32 angles; additive: float32 math, cast at the end)."""
+    pe = vispe.registry.build_in(name, dict(dim=64, num_heads=2, head_dim=32, num_prefix_tokens=0))
+    coords, extent = torch.rand(2, 7, 2), torch.tensor([[37.0, 53.0]])  # large grids: large angles
+    ref = pe.at(coords, extent)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = pe.at(coords, extent, dtype=torch.bfloat16)
+    if pe.family == "rotary":
+        assert low.dtype == torch.float32
+        torch.testing.assert_close(low, ref, rtol=0, atol=0)
+    else:
+        assert low.dtype == torch.bfloat16
+        torch.testing.assert_close(low.float(), ref, rtol=0, atol=8e-3)  # one bf16 rounding of values in [-1, 1]
+        assert (coords.bfloat16().float() * 2 * math.pi - coords * 2 * math.pi).abs().max() > 1e-3  # bf16 math would not be

@@ -163,3 +163,17 @@ def valid_extent(mask: torch.Tensor | None, shape: tuple[int, int], device=None)
         return torch.tensor([shape], dtype=torch.float32, device=device)  # (1, 2)
     valid = ~mask  # (B, h, w)
     return torch.stack([valid.any(2).sum(1), valid.any(1).sum(1)], -1).clamp(min=1).float()  # (B, 2)
+
+
+def unit_to_grid(coords: torch.Tensor, extent: torch.Tensor | None, mode: str) -> torch.Tensor:
+    """Unit (y, x) ``coords`` (B|1, N, 2) in a grid convention ``mode`` (``VALID_MODES``), so that cell
+    centres (i + 0.5) / n land exactly on ``valid_coords``' values: "index" u n - 0.5, "normalized"
+    (u n - 0.5) / (n - 1), "centered" 2u - 1 (needs no ``extent``, (B|1, 1, 2) valid cells).  # (B|1, N, 2)"""
+    _checks.choice("mode", mode, VALID_MODES)
+    if mode == "centered":
+        return coords * 2 - 1
+    if extent is None:
+        raise ValueError(f"extent=None with coords={mode!r}: expected the valid (h, w) in cells of the grid beside "
+                         "these points (B|1, 2), to place them in grid units")
+    cells = coords * extent - 0.5  # (B|1, N, 2), centres at i
+    return cells if mode == "index" else cells / (extent - 1).clamp(min=1)

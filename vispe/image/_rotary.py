@@ -35,7 +35,7 @@ import torch
 
 from vispe import _checks
 from vispe.axis.rope import LAYOUTS
-from vispe.coords import VALID_MODES as COORD_MODES, float32_math, jitter_coords, unit_coords, valid_coords
+from vispe.coords import VALID_MODES as COORD_MODES, float32_math, jitter_coords, unit_coords, unit_to_grid, valid_coords
 from vispe.encoding import RotaryEncoding
 
 def _non_negative(name: str, value) -> float:
@@ -117,17 +117,8 @@ class RotaryBase(RotaryEncoding):
     def at(self, coords, extent=None, *, dtype=None) -> torch.Tensor:  # (B|1, heads|1, N, head_dim/2)
         """Float32 angles at unit (y, x) ``coords`` (B|1, N, 2), ``extent`` (B|1, 2) valid cells (module docstring)."""
         coords, n = unit_coords(coords, extent)  # (B|1, N, 2), (B|1, 1, 2)
-        if n is None and self.coords != "centered":
-            raise ValueError(f"extent=None with coords={self.coords!r}: expected the valid (h, w) in cells of "
-                             "the grid beside these points (B|1, 2), to place them in grid units")
         with float32_math(coords.device):
-            cells = coords * n - 0.5 if n is not None else None  # (B|1, N, 2) in cells, centres at i
-            if self.coords == "index":
-                c = cells
-            elif self.coords == "normalized":
-                c = cells / (n - 1).clamp(min=1)
-            else:
-                c = coords * 2 - 1
+            c = unit_to_grid(coords, n, self.coords)  # (B|1, N, 2) in the grid's convention
             if self.ref_grid is not None:
                 if n is None:
                     raise ValueError("extent=None with ref_grid set: expected the valid (h, w) in cells")

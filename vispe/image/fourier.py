@@ -19,6 +19,10 @@ Coordinates (``coords``, see ``vispe.coords``): "centered" (pixel centres in [-1
 "normalized" (index / (n - 1)) or "index". With ``mask_aware=True`` and a padding mask they are
 counted over each image's valid area (so an image alone and padded in a batch get the same code);
 otherwise the mask only sets the batch size. Output ``(B|1, h*w, dim)`` in float32, cast to ``dtype``.
+
+Continuous coordinates (``at``, ``vispe.encoding``): unit (y, x) are brought to ``coords``'
+convention (``vispe.coords.unit_to_grid``; cell centres give the grid's values exactly), so the
+features of an anchor and of the keys are the same function of position.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ import torch
 from torch import nn
 
 from vispe import _checks
+from vispe.coords import unit_coords, unit_to_grid
 from vispe.image._additive import COORD_MODES, AdditiveBase, axis_positions, float32_math
 from vispe.registry import register
 
@@ -60,6 +65,7 @@ class FourierEncoding(AdditiveBase):
     """
 
     mask_aware_option = "mask_aware=True"
+    supports_coords = True
 
     def __init__(self, dim: int, *, sigma: float = 1.0, seed: int = 0, learnable: bool = False,
                  mlp_dim: int = 0, coords: str = "centered", mask_aware: bool = False,
@@ -97,17 +103,25 @@ class FourierEncoding(AdditiveBase):
         key = (h, w, device, dtype, torch.is_inference_mode_enabled())
         return self._output(self.cached(key, lambda: self._table((h, w), None, device).to(dtype)), mask, dtype)
 
+    def at(self, coords, extent=None, *, dtype=None) -> torch.Tensor:  # (B|1, N, dim)
+        """The features at unit (y, x) ``coords`` (B|1, N, 2); ``extent`` (B|1, 2) valid cells (module docstring)."""
+        coords, n = unit_coords(coords, extent)
+        with float32_math(coords.device):
+            return self._features(unit_to_grid(coords, n, self.coords)).to(dtype or torch.float32)
+
+    def _features(self, pos: torch.Tensor) -> torch.Tensor:  # (..., 2) -> (..., dim) float32
+        table = fourier_features(pos, self._frequencies(pos.device))
+        if self.mlp is not None:
+            table = self.mlp(table.to(self.mlp[0].weight.dtype)).float()
+        return table
+
     def _table(self, shape, mask, device) -> torch.Tensor:  # (B|1, h*w, dim) float32
         h, w = shape
         with float32_math(device):
             py, px = axis_positions(shape, mask, self.coords, mask_aware=self.mask_aware, device=device)
             py, px = torch.broadcast_tensors(py, px)  # (B|1, h, w) each
             pos = torch.stack([py, px], dim=-1).flatten(1, 2)  # (B|1, h*w, 2) as (y, x)
-            table = fourier_features(pos, self._frequencies(device))  # (B|1, h*w, dim)
-            if self.mlp is not None:
-                weight_dtype = self.mlp[0].weight.dtype
-                table = self.mlp(table.to(weight_dtype)).float()  # (B|1, h*w, dim)
-        return table
+            return self._features(pos)  # (B|1, h*w, dim)
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, sigma={self.sigma}, seed={self.seed}, learnable={self.learnable}, "
