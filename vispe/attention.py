@@ -90,6 +90,7 @@ class Attention(TimmAttention):
 
     rope_impl: str = "auto"  # class defaults too, for timm layers converted in place (convert_vit)
     bias_impl: str = "auto"
+    q_pos = k_pos = q_spatial = None  # decoupled position projections (positioned queries), off
 
     def __init__(self, dim: int, num_heads: int = 8, *, pe: PositionEncoding | None = None,
                  rope_impl: str = "auto", bias_impl: str = "auto", q_pos: bool = False, k_pos: bool = False,
