@@ -90,7 +90,6 @@ class Attention(TimmAttention):
 
     rope_impl: str = "auto"  # class defaults too, for timm layers converted in place (convert_vit)
     bias_impl: str = "auto"
-    q_pos = k_pos = q_spatial = None  # decoupled position projections (positioned queries), off
 
     def __init__(self, dim: int, num_heads: int = 8, *, pe: PositionEncoding | None = None,
                  rope_impl: str = "auto", bias_impl: str = "auto", q_pos: bool = False, k_pos: bool = False,
@@ -111,6 +110,14 @@ class Attention(TimmAttention):
         self.q_spatial = nn.Linear(dim, A, bias=bias) if spatial else None
         self.pe = None
         self.set_pe(pe)
+
+    @classmethod
+    def adopt(cls, attn: TimmAttention) -> "Attention":
+        """Make a timm ``Attention`` this class in place (same weights; ``convert_vit``): the options
+        its constructor would have set get their defaults (no position projections, no ``pe``)."""
+        attn.__class__ = cls
+        attn.q_pos = attn.k_pos = attn.q_spatial = attn.pe = None
+        return attn
 
     def set_pe(self, pe: PositionEncoding | None) -> None:
         """Attach a rotary or bias encoding to this layer (None to remove)."""

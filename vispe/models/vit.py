@@ -260,7 +260,7 @@ def convert_vit(model: VisionTransformer, pe: str | None = None, *, pe_kwargs: d
     pe = pe or ("learned_abs" if old_pos is not None else "none")
     for blk in model.blocks:
         blk.__class__ = VispeBlock
-        blk.attn.__class__ = Attention
+        Attention.adopt(blk.attn)
         blk.attn.pe = None
     if kind == "distilled":
         from vispe.models.deit import VispeViTDistilled

@@ -153,6 +153,9 @@ def validate(cfg: DictConfig) -> None:
     from vispe.train.tasks import TASKS
 
     _choice("task.name", cfg.task.name, tuple(TASKS))
+    for other, cls in TASKS.items():  # a key only another task reads, changed, would be ignored
+        if other != cfg.task.name:
+            refuse_unused(cfg, cls.own_keys, f"a {other} setting, unused by task.name={cfg.task.name!r}")
     TASKS[cfg.task.name].check_config(cfg)
     _choice("train.device", cfg.train.device, DEVICES)
     _choice("train.amp", cfg.train.amp, AMPS)

@@ -42,10 +42,7 @@ class DetectionTask:
 
     @classmethod
     def check_config(cls, cfg: DictConfig) -> None:
-        from vispe.train.config import ConfigError
-        from vispe.train.tasks import refuse_other_tasks_keys
-
-        refuse_other_tasks_keys(cfg, "detection")
+        from vispe.train.schema import ConfigError
         if cfg.model.name != "detr":
             raise ConfigError(f"config key model.name={cfg.model.name!r}: task.name='detection' trains model.name="
                               "'detr' (its settings are the detr.* keys)")

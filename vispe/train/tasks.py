@@ -15,7 +15,8 @@ object with this interface, so that detection (DETR on COCO) is one more entry i
 ``primary``                         the metric compared across encodings (higher is better)
 ``evaluate(model, loader, ...)``    optional: replaces ``engine.evaluate`` for metrics that are not
                                     sums over samples (COCO mAP gathers predictions instead)
-``check_config(cfg)``               classmethod: refuse config keys the task would ignore
+``check_config(cfg)``               classmethod: value checks of the task's own keys (``config.validate``
+                                    refuses the keys that only another task reads, ``own_keys``)
 ``param_groups(model, cfg)``        optional: the optimiser's parameter groups (DETR: backbone lr)
 ``visualize(model, dataset, path, device)`` optional: a picture of predictions after each evaluation
 
@@ -49,7 +50,7 @@ class ClassificationTask:
 
     @classmethod
     def check_config(cls, cfg: DictConfig) -> None:
-        refuse_other_tasks_keys(cfg, "classification")
+        """Nothing beyond the schema (``config.validate`` refuses the other tasks' ``own_keys``)."""
 
     def info(self, cfg: DictConfig):
         from vispe.data import dataset_info
@@ -94,15 +95,6 @@ class ClassificationTask:
 
 
 TASKS = {"classification": ClassificationTask, "detection": DetectionTask}
-
-
-def refuse_other_tasks_keys(cfg: DictConfig, name: str) -> None:
-    """A ConfigError for a key that only another task reads, set away from its default (it would be ignored)."""
-    from vispe.train.config import refuse_unused
-
-    for other, cls in TASKS.items():
-        if other != name:
-            refuse_unused(cfg, cls.own_keys, f"a {other} setting, unused by task.name={name!r}")
 
 
 def get_task(task_cfg: DictConfig):
