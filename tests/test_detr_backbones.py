@@ -105,3 +105,20 @@ def test_bad_inputs():
         create_detr(3, backbone="small_cnn", backbone_mask_aware=True, **SMALL)
     with pytest.raises(ValueError, match="layers=9"):
         create_detr(3, backbone="vit_pico", backbone_kwargs=dict(layers=9), **SMALL)
+
+
+def test_train_config_builds_vit_backbone():
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from vispe.train.config import load_config
+    from vispe.train.detection import DetectionTask
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_config(root / "configs/shapes_detr_vit.yaml", ["detr.backbone_kwargs.pe=peg", "detr.backbone_kwargs.layers=2"])
+    model = DetectionTask(cfg.task).model(cfg, SimpleNamespace(num_classes=5), 64)
+    assert isinstance(model.backbone, ViTBackbone) and model.backbone.layers == 2 and model.backbone.stride == 8
+    assert type(model.backbone.vit.pe).__name__ == "PEG" or "peg" in repr(model.backbone.vit.pe).lower()
+    cfg = load_config(root / "configs/shapes_detr.yaml", ["detr.backbone=resnet18", "detr.backbone_mask_aware=true",
+                                                          "detr.backbone_widths=null"])
+    assert DetectionTask(cfg.task).model(cfg, SimpleNamespace(num_classes=5), 64).backbone.mask_aware
