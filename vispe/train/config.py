@@ -8,7 +8,7 @@ overrides (only with ``smoke=True``), then the command-line overrides ``key.sub=
 is checked against the schema: a misspelt key is refused with the nearest valid keys, a value of
 the wrong type with the key, the value and the expected type (OmegaConf structured configs do the
 type conversion; this module words the errors). Free-form dictionaries (``data.kwargs``,
-``model.pe_kwargs``, ``model.kwargs``) accept any sub-key and pass it to the builder, which
+``model.pe_kwargs``, ``model.kwargs``, ``detr.backbone_kwargs``) accept any sub-key and pass it to the builder, which
 refuses what it does not know.
 
 The task, the data set and the model are named by strings (``task.name``, ``data.name``,

@@ -83,7 +83,9 @@ class ModelConfig:
 class DetrModelConfig:
     """The detector of task.name=detection (model.name=detr): vispe.models.detr.create_detr's arguments."""
 
-    backbone: str = "small_cnn"  # small_cnn | resnet18 | resnet34 | resnet50 | resnet101
+    backbone: str = "small_cnn"  # small_cnn | resnet18 | resnet34 | resnet50 | resnet101 | a vispe ViT preset
+    backbone_kwargs: Dict[str, Any] = field(default_factory=dict)  # ViT presets: create_vit's arguments + layers
+    backbone_mask_aware: bool = False  # ResNets: zero the padding after every norm (no leak; not DETR's)
     backbone_weights: Optional[str] = None  # local ResNet state_dict (nothing downloads)
     backbone_widths: Optional[List[int]] = None  # small_cnn channels per stage
     dilation: bool = False
@@ -160,7 +162,7 @@ class Config:
 
 
 FREE_DICTS = ("data.kwargs", "model.pe_kwargs", "model.kwargs", "detr.dec_pe_kwargs", "detr.pe_at", "detr.decoder_kwargs",
-              "detr.box_bias_kwargs")
+              "detr.box_bias_kwargs", "detr.backbone_kwargs")
 
 
 def schema_keys(cls=Config, prefix: str = "") -> list[str]:

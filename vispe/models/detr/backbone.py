@@ -32,6 +32,9 @@ from torchvision.ops.misc import FrozenBatchNorm2d
 
 from vispe import _checks
 from vispe.coords import resize_mask
+from vispe.models.detr.resnet_mask import MaskZeroing
+from vispe.models.detr.vit_backbone import ViTBackbone
+from vispe.models.vit import PRESETS as VIT_PRESETS
 
 RESNETS = {"resnet18": 512, "resnet34": 512, "resnet50": 2048, "resnet101": 2048}
 BACKBONES = (*RESNETS, "small_cnn")
@@ -41,8 +44,10 @@ class ResNetBackbone(nn.Module):
     """torchvision ResNet with frozen batch norm, returning layer4 (DETR's backbone)."""
 
     def __init__(self, name: str = "resnet50", *, weights: str | Path | None = None, dilation: bool = False,
-                 train_backbone: bool = True) -> None:
+                 train_backbone: bool = True, mask_aware: bool = False) -> None:
         super().__init__()
+        if not isinstance(mask_aware, bool):
+            raise ValueError(f"backbone_mask_aware={mask_aware!r}: expected True or False")
         _checks.choice("backbone", name, tuple(RESNETS))
         net = getattr(torchvision.models, name)(weights=None, norm_layer=FrozenBatchNorm2d,
                                                 replace_stride_with_dilation=[False, False, bool(dilation)])
@@ -54,9 +59,18 @@ class ResNetBackbone(nn.Module):
         self.body = IntermediateLayerGetter(net, return_layers={"layer4": "out"})
         self.num_channels = RESNETS[name]
         self.stride = 16 if dilation else 32
+        self.mask_aware = mask_aware
+        self._zeroing = MaskZeroing(self.body) if mask_aware else None
 
     def forward(self, images: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self.body(images)["out"]  # (B, C, h, w)
+        if self._zeroing is None:  # DETR's: padding leaks into the valid border
+            x = self.body(images)["out"]  # (B, C, h, w)
+            return x, resize_mask(mask, x.shape[-2:])  # (B, h, w)
+        self._zeroing.mask = mask
+        try:
+            x = self.body(images * (~mask)[:, None].to(images.dtype))["out"]  # (B, C, h, w)
+        finally:
+            self._zeroing.mask = None
         return x, resize_mask(mask, x.shape[-2:])  # (B, h, w)
 
 
@@ -112,16 +126,44 @@ class SmallCNN(nn.Module):
         return x, mask_h
 
 
-def build_backbone(name: str, *, weights=None, dilation: bool = False, train_backbone: bool = True,
-                   widths=None) -> nn.Module:
-    """The backbone named ``name`` (``BACKBONES``); options that do not apply to it are refused."""
-    _checks.choice("backbone", name, BACKBONES)
+def build_backbone(name, *, weights=None, dilation: bool = False, train_backbone: bool = True,
+                   widths=None, kwargs: dict | None = None, mask_aware: bool = False) -> nn.Module:
+    """The backbone ``name``: one of ``BACKBONES``, a vispe ViT preset (``kwargs`` go to
+    ``create_vit``, plus ``layers`` for ``ViTBackbone``), a vispe ViT module, or a module with the
+    backbone interface (``num_channels``, ``stride``, ``forward(images, mask)``). Options that do
+    not apply to it are refused."""
+    kwargs = dict(kwargs or {})
+    if isinstance(name, nn.Module) or (isinstance(name, str) and name in VIT_PRESETS):
+        for opt, value, default in (("backbone_weights", weights, None), ("dilation", dilation, False),
+                                    ("train_backbone", train_backbone, True), ("backbone_widths", widths, None),
+                                    ("backbone_mask_aware", mask_aware, False)):
+            if value != default:
+                raise ValueError(f"{opt}={value!r}: not an option of a ViT or module backbone")
+    if isinstance(name, nn.Module):
+        if all(hasattr(name, a) for a in ("num_channels", "stride")) and not hasattr(name, "forward_tokens"):
+            if kwargs:
+                raise ValueError(f"backbone_kwargs={kwargs!r}: not an option of a ready backbone module")
+            return name
+        unknown = sorted(set(kwargs) - {"layers"})
+        if unknown:
+            raise ValueError(f"backbone_kwargs={kwargs!r}: a ViT module takes only 'layers' (got {unknown})")
+        return ViTBackbone(name, **kwargs)
+    if isinstance(name, str) and name in VIT_PRESETS:
+        from vispe.models.vit import create_vit
+        layers = kwargs.pop("layers", 1)
+        if "num_classes" in kwargs:
+            raise ValueError(f"backbone_kwargs={kwargs!r}: num_classes is not an option (the head is unused)")
+        return ViTBackbone(create_vit(name, num_classes=0, **kwargs), layers=layers)
+    _checks.choice("backbone", name, BACKBONES + tuple(VIT_PRESETS))
+    if kwargs:
+        raise ValueError(f"backbone_kwargs={kwargs!r}: only ViT backbones take backbone_kwargs")
     if name == "small_cnn":
         for opt, value, default in (("backbone_weights", weights, None), ("dilation", dilation, False),
-                                    ("train_backbone", train_backbone, True)):
+                                    ("train_backbone", train_backbone, True), ("backbone_mask_aware", mask_aware, False)):
             if value != default:
                 raise ValueError(f"{opt}={value!r}: not an option of backbone='small_cnn' (it is trained from scratch)")
         return SmallCNN(widths) if widths is not None else SmallCNN()
     if widths is not None:
         raise ValueError(f"backbone_widths={widths!r}: only backbone='small_cnn' takes widths")
-    return ResNetBackbone(name, weights=weights, dilation=dilation, train_backbone=train_backbone)
+    return ResNetBackbone(name, weights=weights, dilation=dilation, train_backbone=train_backbone,
+                          mask_aware=mask_aware)

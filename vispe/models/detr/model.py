@@ -161,8 +161,9 @@ def _check_inputs(images, mask) -> torch.Tensor:
     return mask.to(images.device)
 
 
-def create_detr(num_classes: int, *, backbone: str = "resnet50", backbone_weights=None, dilation: bool = False,
-                train_backbone: bool = True, backbone_widths=None, pe: str = "sine", pe_kwargs: dict | None = None,
+def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", backbone_weights=None,
+                dilation: bool = False, train_backbone: bool = True, backbone_widths=None,
+                backbone_kwargs: dict | None = None, backbone_mask_aware: bool = False, pe: str = "sine", pe_kwargs: dict | None = None,
                 pe_at="attn", query_pos_at: str = "attn", dec_pe: str | None = None,
                 dec_pe_kwargs: dict | None = None, grid=None, num_queries: int = 100, d_model: int = 256,
                 nheads: int = 8, enc_layers: int = 6, dec_layers: int = 6, dim_feedforward: int = 2048,
@@ -176,7 +177,13 @@ def create_detr(num_classes: int, *, backbone: str = "resnet50", backbone_weight
             is "no object" (DETR on COCO: 91), or K with ``class_head="sigmoid"``.
         backbone: "resnet18", "resnet34", "resnet50", "resnet101" (torchvision, frozen batch norm;
             ``backbone_weights`` a local file, ``dilation`` for DC5, ``train_backbone``) or
-            "small_cnn" (mask-aware, for CPU-scale runs; ``backbone_widths``).
+            "small_cnn" (mask-aware, for CPU-scale runs; ``backbone_widths``), or a vispe ViT:
+            a preset name ("vit_pico", ...; ``backbone_kwargs`` go to ``create_vit``, plus
+            ``layers``: sum of the last k blocks, default 1) or a module from
+            ``create_vit``/``convert_vit`` (``vispe.models.detr.vit_backbone``), or any module
+            with ``num_channels``, ``stride`` and ``forward(images, mask)``.
+        backbone_mask_aware: ResNets only: zero the padded area after every normalisation, so
+            padding does not leak into the features (off by default: DETR/transformers parity).
         pe, pe_kwargs: the encoding (any registered name) and its settings.
         pe_at, query_pos_at: where position enters (``vispe.models.detr.placement``): a place
             ("none", "input", "attn") for encoder and decoder, or {"encoder": ..., "decoder": ...,
@@ -207,7 +214,7 @@ def create_detr(num_classes: int, *, backbone: str = "resnet50", backbone_weight
         raise ValueError(f"aux_loss={aux_loss!r}: expected True or False")
     placement = parse_placement(pe_at, query_pos_at)
     net = build_backbone(backbone, weights=backbone_weights, dilation=dilation, train_backbone=train_backbone,
-                         widths=backbone_widths)
+                         widths=backbone_widths, kwargs=backbone_kwargs, mask_aware=backbone_mask_aware)
     design = build_design(decoder, dict(decoder_kwargs or {}), box_bias=box_bias,
                           box_bias_kwargs=dict(box_bias_kwargs or {}), d_model=d_model, nheads=nheads,
                           queries_at=placement.queries, key_family=key_family(pe, dec_pe), stride=net.stride)
@@ -220,7 +227,9 @@ def create_detr(num_classes: int, *, backbone: str = "resnet50", backbone_weight
                  query_dim=design["query_dim"], class_head=class_head or design["default_class_head"])
     if design["random_refpoints_xy"]:
         fix_refpoints_xy(model.query_embed.weight)
-    model.config = dict(num_classes=num_classes, backbone=backbone, dilation=dilation, backbone_widths=backbone_widths,
+    model.config = dict(num_classes=num_classes, backbone=backbone if isinstance(backbone, str) else type(backbone).__name__,
+                        backbone_kwargs=dict(backbone_kwargs or {}), backbone_mask_aware=backbone_mask_aware,
+                        dilation=dilation, backbone_widths=backbone_widths,
                         pe=pe, pe_kwargs=dict(pe_kwargs or {}), pe_at=pe_at if isinstance(pe_at, str) else dict(pe_at),
                         query_pos_at=query_pos_at, dec_pe=dec_pe, dec_pe_kwargs=dict(dec_pe_kwargs or {}), grid=grid,
                         num_queries=num_queries, d_model=d_model, nheads=nheads, enc_layers=enc_layers,
