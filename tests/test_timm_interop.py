@@ -81,8 +81,9 @@ def test_eva_keep_abs_pos_and_refusals():
         convert_vit(timm_eva("vit_small_patch16_rope_224"), pe="sine", pe_at="every_block")
     with pytest.raises(ValueError, match="added twice"):
         convert_vit(timm_eva("eva_giant_patch14_224"), pe="learned_abs", keep_abs_pos=True)
-    dino = timm.create_model("vit_base_patch16_dinov3", embed_dim=32, depth=1, num_heads=2, img_size=32)
-    with pytest.raises(ValueError, match="RotaryEmbeddingDinoV3: no vispe equivalent"):
+    dino = timm.create_model("vit_base_patch16_dinov3", embed_dim=32, depth=1, num_heads=2, img_size=32,
+                             rope_grid_offset=0.25)  # DINOv3's RoPE converts (tests/test_dinov3.py), an offset not
+    with pytest.raises(ValueError, match="grid_offset=0.25"):
         convert_vit(dino)
     with pytest.raises(ValueError, match="keep_abs_pos"):
         convert_vit(timm.create_model("vit_tiny_patch16_224", **TINY), keep_abs_pos=True)

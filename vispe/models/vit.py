@@ -237,12 +237,21 @@ def convert_vit(model: VisionTransformer, pe: str | None = None, *, pe_kwargs: d
     ``pos_embed`` becomes the ``learned_abs`` table if ``pe="learned_abs"`` (dropped otherwise);
     ``pe=None`` keeps its own (``learned_abs``, or ``none`` without a table). Only plain timm blocks
     (``Block`` + ``Attention``) are accepted. An ``Eva`` goes to ``vispe.models.eva.convert_eva``
-    (``keep_abs_pos`` applies there); NaFlexVit and other models are refused with the reason.
+    (``keep_abs_pos`` applies there; timm's ``vit_*_dinov3`` are Evas); transformers'
+    ``DINOv3ViTModel`` becomes a new ``VispeEva`` with its weights (``vispe.models.dinov3``, not in
+    place); NaFlexVit and other models are refused with the reason.
     """
     from timm.layers import Attention as TimmAttention
 
     from vispe.models.timm_models import timm_kind
 
+    if type(model).__name__ == "DINOv3ViTModel":  # transformers': a new VispeEva with its weights
+        from vispe.models.dinov3 import convert_hf_dinov3
+
+        if pe is not None or pe_kwargs or keep_abs_pos is not None:
+            raise ValueError("a transformers DINOv3ViTModel converts with its own RoPE: pass no pe / pe_kwargs / "
+                             "keep_abs_pos (call setup_pe on the result to change the encoding)")
+        return convert_hf_dinov3(model)
     kind = timm_kind(model)  # "vit", "distilled" or "eva"; anything else is refused
     if kind == "eva":
         from vispe.models.eva import convert_eva
