@@ -239,7 +239,8 @@ def convert_vit(model: VisionTransformer, pe: str | None = None, *, pe_kwargs: d
     (``Block`` + ``Attention``) are accepted. An ``Eva`` goes to ``vispe.models.eva.convert_eva``
     (``keep_abs_pos`` applies there; timm's ``vit_*_dinov3`` are Evas); transformers'
     ``DINOv3ViTModel`` becomes a new ``VispeEva`` with its weights (``vispe.models.dinov3``, not in
-    place); NaFlexVit and other models are refused with the reason.
+    place); timm's ``NaFlexVit`` a new ``VispeViT`` with its modules (``vispe.models.naflex``, which
+    also runs NaFlex's packed inputs); other models are refused with the reason.
     """
     from timm.layers import Attention as TimmAttention
 
@@ -252,6 +253,12 @@ def convert_vit(model: VisionTransformer, pe: str | None = None, *, pe_kwargs: d
             raise ValueError("a transformers DINOv3ViTModel converts with its own RoPE: pass no pe / pe_kwargs / "
                              "keep_abs_pos (call setup_pe on the result to change the encoding)")
         return convert_hf_dinov3(model)
+    if type(model).__name__ == "NaFlexVit":  # a new VispeViT with its modules (vispe.models.naflex)
+        from vispe.models.naflex import convert_naflex
+
+        if keep_abs_pos is not None:
+            raise ValueError(f"keep_abs_pos={keep_abs_pos!r}: applies to Eva models (a NaFlexVit has one table)")
+        return convert_naflex(model, pe, pe_kwargs=pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks)
     kind = timm_kind(model)  # "vit", "distilled" or "eva"; anything else is refused
     if kind == "eva":
         from vispe.models.eva import convert_eva
