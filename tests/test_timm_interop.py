@@ -89,14 +89,14 @@ def test_eva_keep_abs_pos_and_refusals():
         convert_vit(timm.create_model("vit_tiny_patch16_224", **TINY), keep_abs_pos=True)
 
 
-def test_naflexvit_and_other_models_are_refused_with_the_reason():
-    nfx = timm.create_model("naflexvit_base_patch16_gap", embed_dim=32, depth=1, num_heads=2)
-    with pytest.raises(ValueError, match="NaFlexVit is refused: it embeds patches of variable aspect ratio"):
-        convert_vit(nfx)
-    with pytest.raises(ValueError, match="NaFlexVit is refused"):
-        create_vit("naflexvit_base_patch16_gap")
+def test_naflexvit_converts_and_other_models_are_refused_with_the_reason():
+    # NaFlexVit converts (parity and packed inputs: tests/test_naflex.py), by name too
+    m = create_vit("naflexvit_base_patch16_gap", embed_dim=32, depth=1, num_heads=2, num_classes=3)
+    assert isinstance(m, VispeViT) and m.pe_name == "learned_abs" and m.pe.mask_aware and m.pe.grid == (16, 16)
     with pytest.raises(ValueError, match="timm resnet model"):
         create_vit("resnet18")
+    with pytest.raises(ValueError, match="model is a ResNet: expected a timm VisionTransformer"):
+        convert_vit(timm.create_model("resnet18"))
 
 
 # ---------------------------------------------------------------- DeiT distilled

@@ -29,6 +29,8 @@ import torch
 from torch import nn
 
 from vispe import _checks
+from vispe.attention import Attention
+from vispe.models._vit_model import VispeBlock, VispeViT
 
 
 def _unpack_args(batch, patch_coord, patch_valid):
@@ -140,9 +142,6 @@ def convert_naflex(model, pe: str | None = None, *, pe_kwargs: dict | None = Non
     """A ``VispeViT`` with a timm ``NaFlexVit``'s modules and weights (module docstring)."""
     from timm.layers import Attention as TimmAttention
     from timm.models.vision_transformer import Block
-
-    from vispe.attention import Attention
-    from vispe.models.vit import VispeBlock, VispeViT
 
     _refuse(model)
     e = model.embeds
