@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
-import platform
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +36,14 @@ def redraw(model: torch.nn.Module, seed: int = 0) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p[0].numel()))
             else:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+
+
+def machine() -> str:
+    try:
+        names = [ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")]
+    except OSError:
+        names = []
+    return f"{os.cpu_count()}-core {names[0] if names else 'CPU'}, no GPU used"
 
 
 def row(what: str, size: str, got: torch.Tensor, want: torch.Tensor) -> str:
@@ -84,7 +92,7 @@ def main() -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip()
     print("# Parity of the DINOv3 and NaFlex conversions (full-size models, random weights)\n")
-    print(f"`python results/compare/parity_dinov3_naflex.py` at commit {commit}; {platform.processor() or 'CPU'}, "
+    print(f"`python results/compare/parity_dinov3_naflex.py` at commit {commit}; {machine()} (other jobs shared it), "
           f"torch {torch.__version__}, timm {timm.__version__}, transformers {transformers.__version__}, "
           "float32 on CPU. Every parameter redrawn (norms and layer scales in [0.5, 1.5], weights N(0, 1/fan_in), "
           "NaFlex's table N(0, 1)).\n")
