@@ -36,11 +36,14 @@ def _packed(images, patch=(16, 16), max_seq_len=None):
     return pack([dict(zip(keys, patchify_image(im, patch))) for im in images], max_seq_len=max_seq_len)
 
 
-def test_timm_naflexvit_converts_exactly_on_a_packed_batch_of_aspect_ratios():
-    ref = timm.create_model("naflexvit_base_patch16_gap", embed_dim=64, depth=2, num_heads=2, num_classes=7).eval()
+@pytest.mark.parametrize("name, prefix", [("naflexvit_base_patch16_gap", 4), ("naflexvit_base_patch16_map", 1),
+                                          ("naflexvit_base_patch16_siglip", 0)])
+def test_timm_naflexvit_converts_exactly_on_a_packed_batch_of_aspect_ratios(name, prefix):
+    """avg pooling with 4 registers, attention pooling with a class token (map), SigLIP-2's layout."""
+    ref = timm.create_model(name, embed_dim=64, depth=2, num_heads=2, num_classes=7).eval()
     _redraw(ref)
     model = convert_vit(copy.deepcopy(ref)).eval()
-    assert model.pe_name == "learned_abs" and model.pe.mask_aware and model.num_prefix_tokens == 4
+    assert model.pe_name == "learned_abs" and model.pe.mask_aware and model.num_prefix_tokens == prefix
     g = torch.Generator().manual_seed(1)
     # 4x8, 10x3 and 6x6 patches: the learned 16x16 table is resampled to each image's grid
     images = [torch.randn(3, *hw, generator=g) for hw in [(64, 128), (160, 48), (96, 96)]]
@@ -52,7 +55,7 @@ def test_timm_naflexvit_converts_exactly_on_a_packed_batch_of_aspect_ratios():
         got_tok = forward_features_packed(model, batch)
     assert want.abs().max() > 0.5
     torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
-    valid = torch.cat([torch.ones(3, 4, dtype=torch.bool), batch["patch_valid"]], 1)  # (B, P + N)
+    valid = torch.cat([torch.ones(3, prefix, dtype=torch.bool), batch["patch_valid"]], 1)  # (B, P + N)
     torch.testing.assert_close(got_tok[valid], want_tok[valid], rtol=0, atol=1e-4)
     assert (got_tok[~valid] == 0).all()
     with torch.no_grad():  # timm's image path too (table resampled to the whole grid)
@@ -154,6 +157,11 @@ def test_naflexvit_settings_without_an_equivalent_are_refused():
                           pos_embed_use_grid_sample=True)
     with pytest.raises(ValueError, match="grid_sample"):
         convert_vit(m)
+    with pytest.raises(ValueError, match="pos_embed_type='factorized'"):
+        convert_vit(timm.create_model("naflexvit_base_patch16_parfac_gap", embed_dim=32, depth=1, num_heads=2))
+    named = convert_vit(timm.create_model("naflexvit_base_patch16_gap", embed_dim=32, depth=1, num_heads=2),
+                        pe="rope_mixed")  # another encoding replaces the table
+    assert named.pe is None and named.blocks[0].attn.pe.registry_name == "rope_mixed"
     with pytest.raises(ValueError, match="keep_abs_pos"):
         convert_vit(timm.create_model("naflexvit_base_patch16_gap", embed_dim=32, depth=1, num_heads=2),
                     keep_abs_pos=True)
