@@ -35,16 +35,16 @@ import torch
 from vispe import _checks
 from vispe.axis.rope import LAYOUTS, rope_frequencies
 from vispe.image._rotary import RotaryBase
+from vispe.registry import register
+
+
+AXIS_ORDERS = ("yx", "xy")
 
 
 def period_frequencies(n: int, min_period: float, max_period: float, *, device=None) -> torch.Tensor:
     """``1 / period_j``, periods geometric from ``min_period`` to ``max_period`` (DINOv3).  # (n,)"""
     t = torch.linspace(0, 1, n, dtype=torch.float32)  # (n,)
     return (1.0 / (min_period * (max_period / min_period) ** t)).to(device)  # (n,)
-from vispe.registry import register
-
-
-AXIS_ORDERS = ("yx", "xy")
 
 
 @register("rope_axial")
@@ -52,7 +52,7 @@ class RopeAxial(RotaryBase):
     """Axial 2D RoPE, y on the first head_dim/4 pairs, x on the next head_dim/4.
 
     Args: ``base`` (theta, default 100), or ``min_period`` and ``max_period`` (module docstring;
-    not with ``base``), ``axis_order ("yx": y on the first quarter of pairs,
+    not with ``base``), ``axis_order`` ("yx": y on the first quarter of pairs,
     default; "xy": x first, rope-vit / timm) and those of ``vispe.image._rotary.RotaryBase``:
     ``head_dim`` (multiple of 4), ``num_heads``, ``dim``, ``grid``, ``num_prefix_tokens``,
     ``layout`` ("half" | "interleaved"), ``coords`` ("index" | "normalized" | "centered"),
@@ -78,7 +78,8 @@ class RopeAxial(RotaryBase):
             self.max_period = _checks.positive_float("max_period", max_period)
         else:
             self.min_period = self.max_period = None
-        self.base = 100.0 if base is None else _checks.positive_float("base", base)
+            base = 100.0 if base is None else base
+        self.base = None if base is None else _checks.positive_float("base", base)
         self.axis_order = _checks.choice("axis_order", axis_order, AXIS_ORDERS)
 
     def frequencies(self, device=None) -> torch.Tensor:
@@ -107,8 +108,9 @@ class RopeAxial(RotaryBase):
                 self.normalize_coords, self.min_period, self.max_period)
 
     def extra_repr(self) -> str:
-        periods = "" if self.min_period is None else f", min_period={self.min_period:g}, max_period={self.max_period:g}"
-        return f"{super().extra_repr()}, base={self.base:g}, axis_order={self.axis_order!r}{periods}"
+        freqs = (f"base={self.base:g}" if self.min_period is None
+                 else f"min_period={self.min_period:g}, max_period={self.max_period:g}")
+        return f"{super().extra_repr()}, {freqs}, axis_order={self.axis_order!r}"
 
 
 def axis_pair_permutation(head_dim: int, layout: str = "half") -> torch.Tensor:
