@@ -162,20 +162,21 @@ def test_timm_vit_small_dinov3_converts_exactly():
         torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("gated", [False, True], ids=["mlp", "swiglu"])
-def test_transformers_dinov3_converts_exactly(gated):
+@pytest.mark.parametrize("gated, registers, bias", [(False, 4, True), (True, 4, True), (False, 0, False)],
+                         ids=["mlp", "swiglu", "no_registers_no_biases"])
+def test_transformers_dinov3_converts_exactly(gated, registers, bias):
     transformers = pytest.importorskip("transformers")
     from vispe.models.vit import convert_vit
 
     cfg = transformers.DINOv3ViTConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                       num_attention_heads=4, num_register_tokens=4, image_size=64, patch_size=8,
-                                       use_gated_mlp=gated, hidden_act="silu" if gated else "gelu",
-                                       layerscale_value=1e-5)
+                                       num_attention_heads=4, num_register_tokens=registers, image_size=64,
+                                       patch_size=8, use_gated_mlp=gated, hidden_act="silu" if gated else "gelu",
+                                       layerscale_value=1e-5, proj_bias=bias, mlp_bias=bias)
     torch.manual_seed(0)
     hf = transformers.DINOv3ViTModel(cfg).eval()
     redraw(hf)
     model = convert_vit(hf).eval()
-    assert model.num_prefix_tokens == 5 and model.blocks[0].attn.pe.rescale == 2.0  # cls + 4 registers
+    assert model.num_prefix_tokens == 1 + registers and model.blocks[0].attn.pe.rescale == 2.0  # cls + registers
     g = torch.Generator().manual_seed(1)
     for size in [(64, 64), (48, 80)]:
         x = torch.randn(2, 3, *size, generator=g)

@@ -100,8 +100,8 @@ def hf_state_dict(hf_model, *, gated: bool) -> dict:
     """transformers' DINOv3ViTModel weights under timm Eva's keys."""
     out = {}
     for key, value in hf_model.state_dict().items():
-        if key in ("embeddings.mask_token",) or key.startswith("rope_embeddings."):
-            continue  # pre-training mask token; the RoPE has no weights
+        if key in ("embeddings.mask_token",) or key.startswith("rope_embeddings.") or value.numel() == 0:
+            continue  # pre-training mask token; the RoPE has no weights; no register tokens
         k = (key.replace("embeddings.cls_token", "cls_token").replace("embeddings.register_tokens", "reg_token")
              .replace("embeddings.patch_embeddings.", "patch_embed.proj.").replace("model.layer.", "blocks.")
              .replace(".attention.o_proj.", ".attn.proj.").replace(".attention.", ".attn.")
