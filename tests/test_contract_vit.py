@@ -41,7 +41,7 @@ VIT_INVARIANCE = {
 #: option variants that make the encodings above invariant both ways (their documented remedy)
 INVARIANT_VARIANTS = [("sincos2d", dict(mask_aware=True)), ("axis2d", dict(mask_aware=True)),
                       ("fourier", dict(mask_aware=True)), ("normidx2d", dict(mask_aware=True)),
-                      ("log_cpb", dict(pretrained_window=(3, 4)))]
+                      ("log_cpb", dict(pretrained_window=(3, 4))), ("learned_abs", dict(mask_aware=True))]
 
 
 def _vit(pe, pe_kwargs=None, **kw):

@@ -81,21 +81,22 @@ def test_eva_keep_abs_pos_and_refusals():
         convert_vit(timm_eva("vit_small_patch16_rope_224"), pe="sine", pe_at="every_block")
     with pytest.raises(ValueError, match="added twice"):
         convert_vit(timm_eva("eva_giant_patch14_224"), pe="learned_abs", keep_abs_pos=True)
-    dino = timm.create_model("vit_base_patch16_dinov3", embed_dim=32, depth=1, num_heads=2, img_size=32)
-    with pytest.raises(ValueError, match="RotaryEmbeddingDinoV3: no vispe equivalent"):
+    dino = timm.create_model("vit_base_patch16_dinov3", embed_dim=32, depth=1, num_heads=2, img_size=32,
+                             rope_grid_offset=0.25)  # DINOv3's RoPE converts (tests/test_dinov3.py), an offset not
+    with pytest.raises(ValueError, match="grid_offset=0.25"):
         convert_vit(dino)
     with pytest.raises(ValueError, match="keep_abs_pos"):
         convert_vit(timm.create_model("vit_tiny_patch16_224", **TINY), keep_abs_pos=True)
 
 
-def test_naflexvit_and_other_models_are_refused_with_the_reason():
-    nfx = timm.create_model("naflexvit_base_patch16_gap", embed_dim=32, depth=1, num_heads=2)
-    with pytest.raises(ValueError, match="NaFlexVit is refused: it embeds patches of variable aspect ratio"):
-        convert_vit(nfx)
-    with pytest.raises(ValueError, match="NaFlexVit is refused"):
-        create_vit("naflexvit_base_patch16_gap")
+def test_naflexvit_converts_and_other_models_are_refused_with_the_reason():
+    # NaFlexVit converts (parity and packed inputs: tests/test_naflex.py), by name too
+    m = create_vit("naflexvit_base_patch16_gap", embed_dim=32, depth=1, num_heads=2, num_classes=3)
+    assert isinstance(m, VispeViT) and m.pe_name == "learned_abs" and m.pe.mask_aware and m.pe.grid == (16, 16)
     with pytest.raises(ValueError, match="timm resnet model"):
         create_vit("resnet18")
+    with pytest.raises(ValueError, match="model is a ResNet: expected a timm VisionTransformer"):
+        convert_vit(timm.create_model("resnet18"))
 
 
 # ---------------------------------------------------------------- DeiT distilled

@@ -18,18 +18,40 @@ so an image alone and the same image padded in a batch get the same angles on th
 (for ``"index"`` this only matters when padding is not at the bottom/right; for the normalised
 modes it always does). Padding tokens get finite angles; the attention's key-padding mask hides them.
 
-Train-time augmentation (``shift``, ``jitter``, in coordinate units before ``scale``): one random
-shift per image (per batch without a mask) and per-token jitter, ``vispe.coords.jitter_coords``,
-applied only in training mode; in eval mode the angles are the fixed ones.
+``normalize_coords`` (with ``coords="centered"`` only; DINOv3's option of the same name): the
+denominator of the patch centres, ``c = (i + 0.5) / d * 2 - 1`` with ``d`` each axis's own length
+(``"separate"``, default: both axes span [-1, 1]), the shorter side ``min(h, w)`` (``"min"``) or the
+longer side ``max(h, w)`` (``"max"``) for both axes, so that one unit is the same number of patches
+along y and x (the longer axis then exceeds [-1, 1] with "min", the shorter stays inside with "max").
+With a padding mask, (h, w) is each image's valid extent.
+
+Train-time augmentation, applied only in training mode (in eval mode the angles are the fixed
+ones), in coordinate units before ``scale``, in this order:
+
+* ``shift``: one uniform offset in [-shift, shift] per axis and image (per batch without a mask);
+  DINOv3's ``shift_coords``;
+* ``jitter``: a uniform offset in [-jitter, jitter] per token and axis (vispe's own);
+* ``stretch``: one factor per axis and image, log-uniform in [1/stretch, stretch] (DINOv3's
+  ``jitter_coords``, a multiplicative "jitter" of the [-1, 1] range per axis);
+* ``rescale``: one factor per image shared by both axes, log-uniform in [1/rescale, rescale]
+  (DINOv3's ``rescale_coords``; the released DINOv3 models trained with 2).
+
+``stretch`` and ``rescale`` are factors >= 1 (1 = off). The draws use ``generator`` when one is
+given (a ``torch.Generator`` of the caller, on the angles' device), else torch's global generator.
+Each layer's encoding draws its own values (a model with one encoding per layer augments each
+layer independently, where DINOv3 draws once per forward pass and shares it).
 
 Continuous coordinates (``at(coords, extent)``, the contract's ``vispe.encoding``): a point at unit
 coordinate u of an axis with ``n`` valid cells (``extent``) sits at ``u * n - 0.5`` cells, so cell
 centres (i + 0.5) / n get exactly the grid's angles in every ``coords`` mode ("index": u n - 0.5,
 "normalized": (u n - 0.5) / (n - 1), "centered": 2u - 1), ``ref_grid`` and ``scale`` included; a
 query rotated at ``at(p)`` and a key rotated at its cell have logits that depend only on the offset.
-No train-time augmentation is applied to such points.
+No train-time augmentation is applied to such points; ``normalize_coords`` other than
+"separate" is refused there.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -38,10 +60,24 @@ from vispe.axis.rope import LAYOUTS
 from vispe.coords import VALID_MODES as COORD_MODES, float32_math, jitter_coords, unit_coords, unit_to_grid, valid_coords
 from vispe.encoding import RotaryEncoding
 
+NORMALIZE_COORDS = ("separate", "min", "max")
+
 def _non_negative(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise ValueError(f"{name}={value!r}: expected a non-negative number")
     return float(value)
+
+
+def _factor(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1 or value == float("inf"):
+        raise ValueError(f"{name}={value!r}: expected a finite factor >= 1 (1 = off)")
+    return float(value)
+
+
+def log_uniform(lead: tuple, factor: float, *, device, generator=None) -> torch.Tensor:
+    """Factors log-uniform in [1/factor, factor], ``exp(U(-log factor, log factor))``.  # lead"""
+    u = torch.rand(lead, generator=generator, device=device)  # lead
+    return torch.exp((u * 2 - 1) * math.log(factor))
 
 
 class RotaryBase(RotaryEncoding):
@@ -55,7 +91,10 @@ class RotaryBase(RotaryEncoding):
             recompute at any grid and prefix tokens are left unrotated by the attention module.
         layout: channel pairing for ``vispe.axis.rope.apply_rope``, "half" or "interleaved".
         coords, scale: coordinate convention (module docstring) and a factor applied to it.
+        normalize_coords: "separate" | "min" | "max", denominator of the "centered" coordinates.
         shift, jitter: train-time coordinate augmentation (module docstring); 0 = off.
+        stretch, rescale: train-time log-uniform scale factors per axis / shared; 1 = off.
+        generator: the ``torch.Generator`` the augmentation draws from (None: torch's global one).
         ref_grid: (h0, w0) reference grid the coordinates are rescaled to (module docstring).
     """
 
@@ -63,7 +102,9 @@ class RotaryBase(RotaryEncoding):
 
     def __init__(self, head_dim: int, num_heads: int, *, dim: int | None = None, grid=None,
                  num_prefix_tokens: int = 0, layout: str = "half", coords: str = "index",
-                 scale: float = 1.0, shift: float = 0.0, jitter: float = 0.0, ref_grid=None) -> None:
+                 scale: float = 1.0, shift: float = 0.0, jitter: float = 0.0, ref_grid=None,
+                 normalize_coords: str = "separate", stretch: float = 1.0, rescale: float = 1.0,
+                 generator: torch.Generator | None = None) -> None:
         super().__init__()
         self.num_heads = _checks.positive_int("num_heads", num_heads)
         self.head_dim = _checks.divisible("head_dim", head_dim, 4, "2D RoPE splits the channel pairs "
@@ -80,6 +121,15 @@ class RotaryBase(RotaryEncoding):
         self.shift = _non_negative("shift", shift)
         self.jitter = _non_negative("jitter", jitter)
         self.ref_grid = None if ref_grid is None else _checks.grid_shape("ref_grid", ref_grid)
+        self.normalize_coords = _checks.choice("normalize_coords", normalize_coords, NORMALIZE_COORDS)
+        if normalize_coords != "separate" and coords != "centered":
+            raise ValueError(f"normalize_coords={normalize_coords!r} with coords={coords!r}: expected "
+                             "coords='centered' (the denominator of the patch centres)")
+        self.stretch = _factor("stretch", stretch)
+        self.rescale = _factor("rescale", rescale)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ValueError(f"generator={generator!r}: expected a torch.Generator or None")
+        self.generator = generator
 
     def angles(self, coords: torch.Tensor) -> torch.Tensor:
         """Float32 angles ``(B|1, heads|1, N, head_dim/2)`` of coordinates ``coords`` (B|1, N, 2)."""
@@ -92,31 +142,53 @@ class RotaryBase(RotaryEncoding):
         return None
 
     def _augmenting(self) -> bool:
-        return self.training and (self.shift > 0 or self.jitter > 0)
+        return self.training and (self.shift > 0 or self.jitter > 0 or self.stretch > 1 or self.rescale > 1)
 
     def grid_angles(self, shape: tuple[int, int], mask: torch.Tensor | None, device: torch.device) -> torch.Tensor:
         coords = valid_coords(shape, mask, self.coords, device=device)  # (B|1, N, 2)
+        if self.normalize_coords != "separate":  # (c + 1) / 2 * n = i + 0.5, then over min / max side
+            n = self._extent(shape, mask, device)  # (B|1, 1, 2)
+            d = n.amin(-1, keepdim=True) if self.normalize_coords == "min" else n.amax(-1, keepdim=True)  # (B|1, 1, 1)
+            coords = (coords + 1) * (n / d) - 1  # (B|1, N, 2)
         if self.ref_grid is not None:
             coords = coords * self._ref_factor(shape, mask, device)  # (B|1, N, 2)
         if self._augmenting():
-            coords = jitter_coords(coords, shift=self.shift, jitter=self.jitter)  # (B|1, N, 2)
+            coords = self._augment(coords)  # (B|1, N, 2)
         return self.angles(coords * self.scale)  # (B|1, heads|1, N, head_dim/2)
+
+    def _augment(self, coords: torch.Tensor) -> torch.Tensor:
+        """shift, jitter, stretch, rescale (module docstring), one draw per image.  # (B|1, N, 2)"""
+        g, lead = self.generator, coords.shape[:-2]
+        coords = jitter_coords(coords, shift=self.shift, jitter=self.jitter, generator=g)  # (B|1, N, 2)
+        if self.stretch > 1:
+            coords = coords * log_uniform(lead + (1, 2), self.stretch, device=coords.device, generator=g)
+        if self.rescale > 1:
+            coords = coords * log_uniform(lead + (1, 1), self.rescale, device=coords.device, generator=g)
+        return coords
+
+    @staticmethod
+    def _extent(shape, mask, device) -> torch.Tensor:
+        """(h, w) of the grid or of each image's valid extent, float32.  # (B|1, 1, 2)"""
+        if mask is None:
+            n = torch.stack([torch.scalar_tensor(s, dtype=torch.float32) for s in shape]).to(device)  # (2,)
+            return n[None, None]  # (1, 1, 2)
+        valid = ~mask.to(device)  # (B, h, w)
+        n = torch.stack([valid.any(2).sum(1), valid.any(1).sum(1)], -1).clamp(min=1).float()  # (B, 2)
+        return n[:, None]  # (B, 1, 2)
 
     def _ref_factor(self, shape, mask, device) -> torch.Tensor:
         """``(h0 / h, w0 / w)`` of the grid or of each image's valid extent.  # (B|1, 1, 2)"""
         ref = torch.tensor(self.ref_grid, dtype=torch.float32, device=device)  # (2,)
-        if mask is None:
-            n = torch.stack([torch.scalar_tensor(s, dtype=torch.float32) for s in shape]).to(device)  # (2,)
-            return (ref / n)[None, None]  # (1, 1, 2)
-        valid = ~mask.to(device)  # (B, h, w)
-        n = torch.stack([valid.any(2).sum(1), valid.any(1).sum(1)], -1).clamp(min=1).float()  # (B, 2)
-        return (ref / n)[:, None]  # (B, 1, 2)
+        return ref / self._extent(shape, mask, device)  # (B|1, 1, 2)
 
     supports_coords = True
 
     def at(self, coords, extent=None, *, dtype=None) -> torch.Tensor:  # (B|1, heads|1, N, head_dim/2)
         """Float32 angles at unit (y, x) ``coords`` (B|1, N, 2), ``extent`` (B|1, 2) valid cells (module docstring)."""
         coords, n = unit_coords(coords, extent)  # (B|1, N, 2), (B|1, 1, 2)
+        if self.normalize_coords != "separate":
+            raise ValueError(f"normalize_coords={self.normalize_coords!r}: at() evaluates the 'separate' convention "
+                             "only; expected normalize_coords='separate' for continuous coordinates")
         with float32_math(coords.device):
             c = unit_to_grid(coords, n, self.coords)  # (B|1, N, 2) in the grid's convention
             if self.ref_grid is not None:
@@ -136,4 +208,5 @@ class RotaryBase(RotaryEncoding):
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, num_heads={self.num_heads}, layout={self.layout!r}, "
                 f"coords={self.coords!r}, scale={self.scale:g}, shift={self.shift:g}, jitter={self.jitter:g}, "
-                f"ref_grid={self.ref_grid}")
+                f"ref_grid={self.ref_grid}, normalize_coords={self.normalize_coords!r}, stretch={self.stretch:g}, "
+                f"rescale={self.rescale:g}")

@@ -19,7 +19,14 @@ A state_dict saved at another grid is resampled the same way on load (its grid i
 ``vispe.encoding``; timm's checkpoints have no record: the grid is this one when the token count
 matches, else a square, as timm assumes).
 
-Padding mask: not mask-aware (the table is indexed by grid cell). Output ``(B|1, h*w, dim)``.
+Padding mask: by default not mask-aware (the table is resampled to the whole grid and indexed by
+grid cell). ``mask_aware=True`` resamples it per image to that image's valid extent (h_b, w_b) and
+reads it at each token's position counted over the valid area (``vispe.coords.valid_coords``), so an
+image alone and the same image padded in a batch (padding anywhere) get the same code on their valid
+tokens: NaFlex's rule (SigLIP-2, Tschannen et al., 2025; timm ``NaFlexEmbeds``, which resamples its
+learned table to each image's grid; ``vispe.models.naflex``). One resampling per distinct extent in
+the batch (a Python loop over the extents: not for ``torch.export`` with a mask). Padding tokens
+get the code of the last valid cell of their row/column. Output ``(B|1, h*w, dim)``.
 """
 from __future__ import annotations
 
@@ -29,6 +36,7 @@ import torch
 from torch import nn
 
 from vispe import _checks, _tracing
+from vispe.coords import valid_coords
 from vispe.image._additive import AdditiveBase, float32_math
 from vispe.registry import register
 
@@ -65,13 +73,15 @@ class LearnedAbsEncoding(AdditiveBase):
         antialias: True (default): antialias when an axis shrinks; "always": also when growing
             (timm's ``resample_abs_pos_embed``); False: never.
         overflow: "interpolate" (default) or "error" for a grid larger than ``grid``.
+        mask_aware: with a padding mask, resample per image to its valid extent (module docstring).
     """
 
     learned_prefix = True  # in a ViT, class/register tokens get learned vectors (timm's pos_embed)
+    mask_aware_option = "mask_aware=True"
 
     def __init__(self, dim: int, *, grid, num_prefix_tokens: int = 0,
                  init_std: float = 0.02, interpolation: str = "bicubic", antialias: bool = True,
-                 overflow: str = "interpolate") -> None:
+                 overflow: str = "interpolate", mask_aware: bool = False) -> None:
         super().__init__(dim, num_prefix_tokens)
         self.grid = _checks.grid_shape("grid", grid)
         _checks.positive_float("init_std", init_std)
@@ -80,13 +90,31 @@ class LearnedAbsEncoding(AdditiveBase):
             raise ValueError(f"antialias={antialias!r}: expected True, False or 'always'")
         self.antialias = antialias
         self.overflow = _checks.choice("overflow", overflow, ("interpolate", "error"))
+        if not isinstance(mask_aware, bool):
+            raise ValueError(f"mask_aware={mask_aware!r}: expected True or False")
+        self.mask_aware = mask_aware
         h, w = self.grid
         self.pos_embed = nn.Parameter(torch.zeros(1, h * w, dim))  # (1, h*w, dim)
         nn.init.trunc_normal_(self.pos_embed, std=init_std)
 
     def forward(self, shape, mask=None, *, device=None, dtype=None) -> torch.Tensor:  # (B|1, h*w, dim)
         shape, mask, device, dtype = self._inputs(shape, mask, device, dtype, self.pos_embed.dtype)
+        if mask is not None and self.mask_aware:
+            return self._per_image(shape, mask, device).to(dtype)
         return self._output(self._resampled(shape).to(device), mask, dtype)
+
+    def _per_image(self, shape, mask: torch.Tensor, device) -> torch.Tensor:
+        """The table resampled to each image's valid extent, read at its valid-area index.  # (B, N, dim)"""
+        index = valid_coords(shape, mask, "index", device=device).long()  # (B, N, 2)
+        valid = ~mask.to(device)  # (B, h, w)
+        extent = torch.stack([valid.any(2).sum(1), valid.any(1).sum(1)], -1).clamp(min=1)  # (B, 2)
+        out = self.pos_embed.new_zeros(mask.shape[0], shape[0] * shape[1], self.dim).to(device)  # (B, N, dim)
+        for hw in torch.unique(extent, dim=0).tolist():
+            rows = (extent == extent.new_tensor(hw)).all(1)  # (B,)
+            table = self._resampled(tuple(hw)).to(device)[0]  # (h_b*w_b, dim)
+            flat = index[rows, :, 0] * hw[1] + index[rows, :, 1]  # (b, N)
+            out[rows] = table[flat]
+        return out
 
     def _resampled(self, shape: tuple[int, int]) -> torch.Tensor:
         if self.overflow == "error":
@@ -141,4 +169,5 @@ class LearnedAbsEncoding(AdditiveBase):
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, grid={self.grid}, num_prefix_tokens={self.num_prefix_tokens}, "
-                f"interpolation={self.interpolation!r}, antialias={self.antialias}, overflow={self.overflow!r}")
+                f"interpolation={self.interpolation!r}, antialias={self.antialias}, overflow={self.overflow!r}, "
+                f"mask_aware={self.mask_aware}")

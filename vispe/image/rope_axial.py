@@ -15,6 +15,14 @@ rows (the two quarters of pairs of every head swap places), which gives the same
 ``base`` defaults to 100, rope-vit's theta for its axial variant (``compute_axial_cis(...,
 theta=100.0)``); RoFormer's 1D default is 10000; EVA-02 uses 10000 with ``ref_grid`` (16, 16).
 
+Periods instead of a base (DINOv3, Simeoni et al., 2025, "DINOv3", ``RopePositionEmbedding``):
+``min_period`` and ``max_period`` give ``f_j = 1 / period_j`` with the periods geometric from one
+to the other, ``period_j = min_period * (max_period / min_period)^(j / (head_dim/4 - 1))``; with a
+base, ``period_j = base^(4 j / head_dim)`` (the same ``f_j`` as above). DINOv3's angle is
+``2 pi * coord / period_j`` on patch centres in [-1, 1]: ``coords="centered", scale=2 * pi`` with
+``normalize_coords``, and its training augmentation ``shift`` / ``stretch`` / ``rescale``
+(``vispe.image._rotary``; ``vispe.models.dinov3.dinov3_rope_kwargs`` writes the whole set).
+
 Input: grid ``shape`` (h, w), optional padding mask (B, h, w). Output: float32 angles
 ``(B|1, 1, h*w, head_dim/2)`` (the same for every head). Grid change: angles recompute at any
 (h, w), cached per (h, w, device). Prefix tokens: left unrotated (the attention prepends zeros).
@@ -33,28 +41,55 @@ from vispe.registry import register
 AXIS_ORDERS = ("yx", "xy")
 
 
+def period_frequencies(n: int, min_period: float, max_period: float, *, device=None) -> torch.Tensor:
+    """``1 / period_j``, periods geometric from ``min_period`` to ``max_period`` (DINOv3).  # (n,)"""
+    t = torch.linspace(0, 1, n, dtype=torch.float32)  # (n,)
+    return (1.0 / (min_period * (max_period / min_period) ** t)).to(device)  # (n,)
+
+
 @register("rope_axial")
 class RopeAxial(RotaryBase):
     """Axial 2D RoPE, y on the first head_dim/4 pairs, x on the next head_dim/4.
 
-    Args: ``base`` (theta, default 100), ``axis_order`` ("yx": y on the first quarter of pairs,
+    Args: ``base`` (theta, default 100), or ``min_period`` and ``max_period`` (module docstring;
+    not with ``base``), ``axis_order`` ("yx": y on the first quarter of pairs,
     default; "xy": x first, rope-vit / timm) and those of ``vispe.image._rotary.RotaryBase``:
     ``head_dim`` (multiple of 4), ``num_heads``, ``dim``, ``grid``, ``num_prefix_tokens``,
     ``layout`` ("half" | "interleaved"), ``coords`` ("index" | "normalized" | "centered"),
-    ``scale``, ``shift``, ``jitter``, ``ref_grid``.
+    ``scale``, ``shift``, ``jitter``, ``ref_grid``, ``normalize_coords``, ``stretch``, ``rescale``,
+    ``generator``.
     """
 
-    def __init__(self, head_dim: int, num_heads: int, *, base: float = 100.0, axis_order: str = "yx",
+    def __init__(self, head_dim: int, num_heads: int, *, base: float | None = None, axis_order: str = "yx",
                  dim: int | None = None, grid=None, num_prefix_tokens: int = 0, layout: str = "half",
                  coords: str = "index", scale: float = 1.0, shift: float = 0.0, jitter: float = 0.0,
-                 ref_grid=None) -> None:
+                 ref_grid=None, min_period: float | None = None, max_period: float | None = None,
+                 normalize_coords: str = "separate", stretch: float = 1.0, rescale: float = 1.0,
+                 generator: torch.Generator | None = None) -> None:
         super().__init__(head_dim, num_heads, dim=dim, grid=grid, num_prefix_tokens=num_prefix_tokens,
-                         layout=layout, coords=coords, scale=scale, shift=shift, jitter=jitter, ref_grid=ref_grid)
-        self.base = _checks.positive_float("base", base)
+                         layout=layout, coords=coords, scale=scale, shift=shift, jitter=jitter, ref_grid=ref_grid,
+                         normalize_coords=normalize_coords, stretch=stretch, rescale=rescale, generator=generator)
+        if (min_period is None) != (max_period is None):
+            raise ValueError(f"min_period={min_period!r}, max_period={max_period!r}: expected both or neither")
+        if min_period is not None:
+            if base is not None:
+                raise ValueError(f"base={base!r} with min_period / max_period: expected one frequency schedule")
+            self.min_period = _checks.positive_float("min_period", min_period)
+            self.max_period = _checks.positive_float("max_period", max_period)
+        else:
+            self.min_period = self.max_period = None
+            base = 100.0 if base is None else base
+        self.base = None if base is None else _checks.positive_float("base", base)
         self.axis_order = _checks.choice("axis_order", axis_order, AXIS_ORDERS)
 
+    def frequencies(self, device=None) -> torch.Tensor:
+        """The head_dim/4 frequencies of one axis, float32.  # (head_dim/4,)"""
+        if self.min_period is not None:
+            return period_frequencies(self.head_dim // 4, self.min_period, self.max_period, device=device)
+        return rope_frequencies(self.head_dim // 2, self.base, device=device)
+
     def angles(self, coords: torch.Tensor) -> torch.Tensor:
-        f = rope_frequencies(self.head_dim // 2, self.base, device=coords.device)  # (head_dim/4,)
+        f = self.frequencies(coords.device)  # (head_dim/4,)
         y = coords[..., 0, None] * f  # (B|1, N, head_dim/4)
         x = coords[..., 1, None] * f  # (B|1, N, head_dim/4)
         parts = [y, x] if self.axis_order == "yx" else [x, y]
@@ -69,10 +104,13 @@ class RopeAxial(RotaryBase):
     def fixed_key(self) -> tuple | None:
         if self._augmenting():
             return None
-        return ("rope_axial", self.head_dim, self.base, self.axis_order, self.coords, self.scale, self.ref_grid)
+        return ("rope_axial", self.head_dim, self.base, self.axis_order, self.coords, self.scale, self.ref_grid,
+                self.normalize_coords, self.min_period, self.max_period)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, base={self.base:g}, axis_order={self.axis_order!r}"
+        freqs = (f"base={self.base:g}" if self.min_period is None
+                 else f"min_period={self.min_period:g}, max_period={self.max_period:g}")
+        return f"{super().extra_repr()}, {freqs}, axis_order={self.axis_order!r}"
 
 
 def axis_pair_permutation(head_dim: int, layout: str = "half") -> torch.Tensor:

@@ -80,15 +80,18 @@ class RopeMixed(RotaryBase):
     Args: ``theta`` (init magnitudes, default 10 as rope-vit's RoPE-Mixed), ``rotate`` (random
     initial direction per head, default True) and those of ``vispe.image._rotary.RotaryBase``:
     ``head_dim`` (multiple of 4), ``num_heads``, ``dim``, ``grid``, ``num_prefix_tokens``,
-    ``layout``, ``coords``, ``scale``, ``shift``, ``jitter``, ``ref_grid``.
+    ``layout``, ``coords``, ``scale``, ``shift``, ``jitter``, ``ref_grid``, ``normalize_coords``,
+    ``stretch``, ``rescale``, ``generator``.
     """
 
     def __init__(self, head_dim: int, num_heads: int, *, theta: float = 10.0, rotate: bool = True,
                  dim: int | None = None, grid=None, num_prefix_tokens: int = 0, layout: str = "half",
                  coords: str = "index", scale: float = 1.0, shift: float = 0.0, jitter: float = 0.0,
-                 ref_grid=None) -> None:
+                 ref_grid=None, normalize_coords: str = "separate", stretch: float = 1.0, rescale: float = 1.0,
+                 generator: torch.Generator | None = None) -> None:
         super().__init__(head_dim, num_heads, dim=dim, grid=grid, num_prefix_tokens=num_prefix_tokens,
-                         layout=layout, coords=coords, scale=scale, shift=shift, jitter=jitter, ref_grid=ref_grid)
+                         layout=layout, coords=coords, scale=scale, shift=shift, jitter=jitter, ref_grid=ref_grid,
+                         normalize_coords=normalize_coords, stretch=stretch, rescale=rescale, generator=generator)
         self.theta = _checks.positive_float("theta", theta)
         if not isinstance(rotate, bool):
             raise ValueError(f"rotate={rotate!r}: expected True or False")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from timm.models.deit import VisionTransformerDistilled
 
-from vispe.models.vit import VispeViT
+from vispe.models._vit_model import VispeViT
 
 
 class VispeViTDistilled(VispeViT, VisionTransformerDistilled):

@@ -20,10 +20,12 @@ Which position encoding ``pe`` replaces: ``pe=None`` keeps the model's own, mapp
 Eva's ``RotaryEmbeddingCat`` (rope-vit axial, EVA-02) -> ``rope_axial`` with its temperature,
 axis order (``grid_indexing``), pairing and reference grid (``ref_feat_shape``);
 ``RotaryEmbeddingMixed`` -> ``rope_mixed`` with its learned frequencies (``from_rope_vit_freqs``);
+``RotaryEmbeddingDinoV3`` (timm's ``vit_*_dinov3``) -> ``rope_axial`` with DINOv3's options
+(``vispe.models.dinov3``: centred coordinates, periods, training augmentation);
 an absolute table only (EVA) -> ``learned_abs``; Eva's absolute table next to a RoPE (EVA-02,
 ``*_rope_ape``) is kept and applied as Eva does. A named ``pe`` replaces every position encoding of
 the model (the RoPE and the absolute table; ``learned_abs`` takes the absolute table over), unless
-``keep_abs_pos=True`` keeps Eva's absolute table next to it. Other RoPE types (DINOv3, MRoPE) have
+``keep_abs_pos=True`` keeps Eva's absolute table next to it. Other RoPE types (MRoPE) have
 no vispe equivalent: name a ``pe`` for them.
 """
 from __future__ import annotations
@@ -68,6 +70,10 @@ def native_pe(model: Eva) -> tuple[str, dict]:
         if getattr(rope, "aug_active", False):
             raise ValueError("the model's mixed RoPE augments its coordinates in training: no vispe equivalent")
         return "rope_mixed", dict(layout=layout, theta=float(rope.temperature))
+    if kind == "RotaryEmbeddingDinoV3":
+        from vispe.models.dinov3 import native_rope
+
+        return native_rope(rope, layout)
     raise ValueError(f"the model's RoPE is a {kind}: no vispe equivalent; name the encoding (pe=...) to replace it")
 
 

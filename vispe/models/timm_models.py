@@ -1,9 +1,6 @@
-"""vispe and timm, both ways: timm models (and their pretrained weights) as vispe ViTs, and vispe's
-presets as timm models.
+"""vispe's presets as timm models (timm models as vispe ViTs: ``vispe.models.vit.create_from_timm``,
+behind ``create_vit(timm_name, ...)``, and ``timm_kind``, re-exported here where they used to live).
 
-* ``create_from_timm`` (behind ``create_vit(timm_name, ...)``): timm builds the model (its defaults,
-  its pretrained weights from the local cache or a file), then ``convert_vit`` gives it the
-  encoding. ``timm_kind`` says which timm classes convert and refuses the others with the reason.
 * Registered timm models ``vispe_pico``, ``vispe_nano``, ``vispe_cifar``, ``vispe_tiny``,
   ``vispe_small`` (the presets of ``vispe.models.vit.PRESETS``; 32 px, patch 4, 10 classes unless
   given). After ``import vispe.models`` (or any vispe.models module), timm names them:
@@ -17,79 +14,10 @@ presets as timm models.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
-from timm.models.deit import VisionTransformerDistilled
-from timm.models.eva import Eva
-from timm.models.vision_transformer import VisionTransformer
 
-from vispe.models.vit import PRESETS, VispeViT
-
-#: timm modules whose models convert (entry point module -> what it builds)
-CONVERTIBLE = ("vision_transformer", "deit", "eva")
-
-_NAFLEX = ("NaFlexVit is refused: it embeds patches of variable aspect ratio with per-patch coordinates "
-           "and a validity mask (sequence packing), not an (h, w) grid per image, which every vispe encoding "
-           "needs. Use the classic VisionTransformer of the same weights (timm.create_model(name) without "
-           "use_naflex) and convert that.")
-
-
-def timm_kind(model) -> str:
-    """"vit", "distilled" or "eva" for a timm model vispe converts; a ValueError with the reason otherwise."""
-    if type(model) is VisionTransformer:
-        return "vit"
-    if type(model) is VisionTransformerDistilled:
-        return "distilled"
-    if type(model) is Eva:
-        return "eva"
-    name = type(model).__name__
-    if name == "NaFlexVit":
-        raise ValueError(f"model is a NaFlexVit: {_NAFLEX}")
-    raise ValueError(f"model is a {name}: expected a timm VisionTransformer, VisionTransformerDistilled (DeiT) "
-                     "or Eva (EVA, EVA-02, timm's RoPE ViTs)")
-
-
-def create_from_timm(name: str, *, pe=None, img_size=None, patch_size=None, num_classes=None, in_chans=3,
-                     pe_kwargs=None, pe_at="input", peg_blocks=(0,), pretrained=False, checkpoint=None,
-                     keep_abs_pos=None, **timm_kwargs):
-    """timm's ``name`` (its own defaults for every size not given), with its pretrained weights if
-    asked, converted to a vispe encoding (``pe=None``: the checkpoint's own).
-
-    ``checkpoint``: a timm state_dict file (.pth, .bin, .safetensors) to load instead of timm's
-    source (implies ``pretrained``); it is read by timm's loader, so its filter resamples the patch
-    embedding and absolute table to ``img_size`` / ``patch_size`` and drops a classifier of another
-    ``num_classes``. With another ``pe``, the checkpoint's position encoding is dropped (a
-    ``learned_abs`` takes the absolute table over) and everything else is kept.
-    """
-    import timm
-    from timm.models import model_entrypoint
-
-    from vispe.models.vit import convert_vit
-
-    if not isinstance(name, str) or not timm.is_model(name):
-        raise ValueError(f"name={name!r}: expected a vispe preset ({', '.join(PRESETS)}) or a timm model name")
-    module = model_entrypoint(name).__module__.rsplit(".", 1)[-1]
-    if module == "naflexvit":
-        raise ValueError(f"name={name!r}: {_NAFLEX}")
-    if module not in CONVERTIBLE:
-        raise ValueError(f"name={name!r} is a timm {module} model: expected a VisionTransformer, DeiT or Eva name")
-    if not isinstance(pretrained, bool):
-        raise ValueError(f"pretrained={pretrained!r}: expected True or False")
-    kw = dict(timm_kwargs, in_chans=in_chans)
-    for key, value in (("img_size", img_size), ("patch_size", patch_size), ("num_classes", num_classes)):
-        if value is not None:
-            kw[key] = value
-    if checkpoint is not None:
-        path = Path(checkpoint)
-        if not path.is_file():
-            raise ValueError(f"checkpoint={str(checkpoint)!r}: no such file (expected a timm state_dict)")
-        if "pretrained_cfg_overlay" in kw:
-            raise ValueError("checkpoint and pretrained_cfg_overlay both given: set the file once")
-        pretrained = True
-        kw["pretrained_cfg_overlay"] = dict(file=str(path))
-    model = timm.create_model(name, pretrained=pretrained, **kw)
-    return convert_vit(model, pe, pe_kwargs=pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks, keep_abs_pos=keep_abs_pos)
+from vispe.models._vit_model import PRESETS, VispeViT
+from vispe.models.vit import CONVERTIBLE, create_from_timm, timm_kind  # noqa: F401  (their former home)
 
 
 # --- vispe's presets as timm models ----------------------------------------------------------------

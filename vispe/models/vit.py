@@ -1,189 +1,91 @@
-"""Any vispe encoding inside a timm ``VisionTransformer``.
+"""Build or convert a ViT with any vispe encoding: ``create_vit`` and ``convert_vit``.
 
     model = create_vit("vit_cifar", pe="rope_mixed", img_size=32, patch_size=4, num_classes=10)
     model = convert_vit(timm.create_model("vit_small_patch16_224"), pe="rope_axial")
 
-Built on timm's own ``VisionTransformer`` through its public knobs (``pos_embed='none'``,
-``attn_layer``, ``block_fn``, ``dynamic_img_size``); only the token loop is vispe's, because
-each attention layer must be told where the tokens are (a ``PosContext``).
+The model class and where each encoding family goes: ``vispe.models._vit_model.VispeViT``
+(re-exported here with ``VispeBlock`` and ``PRESETS``). ``convert_vit`` takes timm's
+``VisionTransformer``, DeiT's distilled ViT (``vispe.models.deit``), the ``Eva`` family (EVA,
+EVA-02, RoPE ViTs, DINOv3: ``vispe.models.eva``, ``vispe.models.dinov3``), ``NaFlexVit``
+(``vispe.models.naflex``) and transformers' ``DINOv3ViTModel``; ``create_vit`` builds a vispe
+preset or any of those timm names (``create_from_timm``).
 
-Where each family goes (one rule per family, tested):
-
-* additive: one module ``model.pe``; added to the patch tokens at the input (``pe_at="input"``,
-  ViT) or to q and k in every layer (``pe_at="every_block"``, DETR). Prefix (class, register)
-  tokens get learned prefix vectors from an encoding that declares them (``learned_prefix``:
-  ``learned_abs``), none with ``no_embed_class``; any other additive encoding gives them no
-  position unless ``pe_kwargs={"num_prefix_tokens": P}`` asks for its own learned vectors.
-* rotary: one encoding per layer (``blocks[i].attn.pe``); prefix tokens stay unrotated.
-* bias: one encoding per layer; prefix rows/columns are the encoding's learned scalars.
-* conditional (PEG): ``model.pe`` applied to the grid tokens after the blocks in ``peg_blocks``
-  (CPVT: after the first); prefix tokens pass through.
-* none: no position at all (the model is then permutation-equivariant over patches).
-
-Any image size divisible by the patch size runs (fixed tables recompute, learned ones resample,
-relative ones resize). ``learned_abs`` keeps timm's ``pos_embed`` key, so timm checkpoints load.
-
-Padding mask ``(B, H, W)``, True = padding (``forward(x, mask)``): a patch counts as padding when
-ALL its pixels are padding, so a partly padded patch, which holds image content, stays a token,
-wherever the padding is (``patch_mask``). Padded tokens are hidden from attention (key padding),
-mask-aware encodings count positions over the valid area, and every ``global_pool`` ignores them:
-"avg", "max", "avgmax" (over valid tokens), "token", "map" (attention pooling with the padded keys
-masked); "" returns every token (select with the mask); "prr" cannot take a mask and refuses one
-with padding. An image that is all padding is refused.
-
-Input checks: ``x`` must be a (B, in_chans, H, W) tensor with H and W positive multiples of the
-patch size, the mask (B, H, W) bool; each is a ValueError naming the value. ``check_finite = True``
-(off by default: one pass over the input per call) also refuses NaN or inf pixels, naming the images.
+Imports go one way: this module imports ``_vit_model``, ``deit``, ``eva``, ``naflex``,
+``dinov3``; none of them imports it (``timm_models``, the presets as timm models, sits above).
 """
 from __future__ import annotations
 
-import torch
+from pathlib import Path
+
+from timm.layers import Attention as TimmAttention
 from timm.layers import Format
+from timm.models.deit import VisionTransformerDistilled
+from timm.models.eva import Eva
 from timm.models.vision_transformer import Block, VisionTransformer
-from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-from vispe import _checks, _tracing
-from vispe.attention import Attention, PosContext
-from vispe.models._token_loop import TokenLoop
-from vispe.models._timm_keys import TimmPosEmbedKeys
-from vispe.models._vit_inputs import check_images, masked_pool, patch_mask
-from vispe.registry import build_in, get
+from vispe import _checks
+from vispe.attention import Attention
+from vispe.models._vit_model import PE_AT, PRESETS, VispeBlock, VispeViT  # noqa: F401  (re-exported)
+from vispe.models.deit import VispeViTDistilled
+from vispe.models.dinov3 import convert_hf_dinov3
+from vispe.models.eva import convert_eva
+from vispe.models.naflex import convert_naflex
 
-#: small ViTs for CIFAR-sized images, by name (timm names work too)
-PRESETS = {
-    "vit_pico": dict(embed_dim=64, depth=4, num_heads=4),
-    "vit_nano": dict(embed_dim=96, depth=6, num_heads=3),
-    "vit_cifar": dict(embed_dim=192, depth=6, num_heads=3),
-    "vit_tiny": dict(embed_dim=192, depth=12, num_heads=3),
-    "vit_small": dict(embed_dim=384, depth=12, num_heads=6),
-}
-PE_AT = ("input", "every_block")
+#: timm modules whose models convert (entry point module -> what it builds)
+CONVERTIBLE = ("vision_transformer", "deit", "eva", "naflexvit")
 
 
-class VispeBlock(Block):
-    """timm's Block whose attention is told where the tokens are (``ctx``)."""
+def timm_kind(model) -> str:
+    """"vit", "distilled", "eva" or "naflex" for a timm model vispe converts; a ValueError with the reason otherwise."""
+    if type(model) is VisionTransformer:
+        return "vit"
+    if type(model) is VisionTransformerDistilled:
+        return "distilled"
+    if type(model) is Eva:
+        return "eva"
+    if type(model).__name__ == "NaFlexVit":
+        return "naflex"
+    raise ValueError(f"model is a {type(model).__name__}: expected a timm VisionTransformer, VisionTransformerDistilled "
+                     "(DeiT), Eva (EVA, EVA-02, timm's RoPE ViTs, DINOv3) or NaFlexVit, or transformers' DINOv3ViTModel")
 
-    def forward(self, x, attn_mask=None, is_causal=False, ctx: PosContext | None = None):
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask=attn_mask, is_causal=is_causal, ctx=ctx)))
-        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
-        return x
 
+def create_from_timm(name: str, *, pe=None, img_size=None, patch_size=None, num_classes=None, in_chans=3,
+                     pe_kwargs=None, pe_at="input", peg_blocks=(0,), pretrained=False, checkpoint=None,
+                     keep_abs_pos=None, **timm_kwargs):
+    """timm's ``name`` (its own defaults for every size not given), with its pretrained weights if
+    asked, converted to a vispe encoding (``pe=None``: the checkpoint's own).
 
-class VispeViT(TokenLoop, TimmPosEmbedKeys, VisionTransformer):
-    """timm VisionTransformer with a vispe encoding (see the module docstring)."""
+    ``checkpoint``: a timm state_dict file (.pth, .bin, .safetensors) to load instead of timm's
+    source (implies ``pretrained``); it is read by timm's loader, so its filter resamples the patch
+    embedding and absolute table to ``img_size`` / ``patch_size`` and drops a classifier of another
+    ``num_classes``. With another ``pe``, the checkpoint's position encoding is dropped (a
+    ``learned_abs`` takes the absolute table over) and everything else is kept.
+    """
+    import timm
+    from timm.models import model_entrypoint
 
-    #: refuse NaN / inf pixels (opt-in: costs one pass over the input per call)
-    check_finite: bool = False
+    if not isinstance(name, str) or not timm.is_model(name):
+        raise ValueError(f"name={name!r}: expected a vispe preset ({', '.join(PRESETS)}) or a timm model name")
+    module = model_entrypoint(name).__module__.rsplit(".", 1)[-1]
+    if module not in CONVERTIBLE:
+        raise ValueError(f"name={name!r} is a timm {module} model: expected a VisionTransformer, DeiT, Eva or NaFlexVit name")
+    if not isinstance(pretrained, bool):
+        raise ValueError(f"pretrained={pretrained!r}: expected True or False")
+    kw = dict(timm_kwargs, in_chans=in_chans)
+    for key, value in (("img_size", img_size), ("patch_size", patch_size), ("num_classes", num_classes)):
+        if value is not None:
+            kw[key] = value
+    if checkpoint is not None:
+        path = Path(checkpoint)
+        if not path.is_file():
+            raise ValueError(f"checkpoint={str(checkpoint)!r}: no such file (expected a timm state_dict)")
+        if "pretrained_cfg_overlay" in kw:
+            raise ValueError("checkpoint and pretrained_cfg_overlay both given: set the file once")
+        pretrained = True
+        kw["pretrained_cfg_overlay"] = dict(file=str(path))
+    model = timm.create_model(name, pretrained=pretrained, **kw)
+    return convert_vit(model, pe, pe_kwargs=pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks, keep_abs_pos=keep_abs_pos)
 
-    def __init__(self, *, pe: str = "learned_abs", pe_kwargs: dict | None = None, pe_at: str = "input",
-                 peg_blocks: tuple[int, ...] = (0,), **timm_kwargs) -> None:
-        for key, want in (("pos_embed", "none"), ("dynamic_img_size", True)):
-            if key in timm_kwargs and timm_kwargs[key] != want:
-                raise ValueError(f"{key}={timm_kwargs[key]!r}: vispe sets it to {want!r} (choose the encoding with pe=...)")
-        timm_kwargs.update(pos_embed="none", dynamic_img_size=True, attn_layer=Attention, block_fn=VispeBlock)
-        super().__init__(**timm_kwargs)
-        self.setup_pe(pe, pe_kwargs or {}, pe_at=pe_at, peg_blocks=peg_blocks)
-
-    def __prepare_scriptable__(self):  # torch.jit.script: a clear error, not a TorchScript type error
-        _tracing.refuse_script("a vispe ViT")
-
-    # --- encoding set-up -------------------------------------------------------------------
-    def setup_pe(self, pe: str, pe_kwargs: dict, *, pe_at: str = "input", peg_blocks=(0,)) -> None:
-        family = get(pe).family
-        self.pe_name, self.pe_family, self.pe_kwargs = pe, family, dict(pe_kwargs)
-        self.pe_at = _checks.choice("pe_at", pe_at, PE_AT)
-        if pe_at == "every_block" and family != "additive":
-            raise ValueError(f"pe_at='every_block' applies to additive encodings; {pe!r} is {family}")
-        self.peg_blocks = tuple(peg_blocks)
-        for i in self.peg_blocks:
-            if not 0 <= i < len(self.blocks):
-                raise ValueError(f"peg_blocks={peg_blocks!r}: expected block indices in [0, {len(self.blocks)})")
-        if family in ("rotary", "bias", "conditional") or pe_at == "every_block":
-            if not isinstance(self.patch_drop, nn.Identity):
-                raise ValueError(f"patch_drop_rate > 0 drops tokens, which {pe!r} ({family}) needs in place")
-        grid = tuple(self.patch_embed.grid_size)
-        heads = self.blocks[0].attn.num_heads
-        # additive: prefix tokens get learned position vectors only from an encoding that declares
-        # them (learned_abs, timm's layout), never with no_embed_class (DeiT-3, big_vision); the
-        # others give prefix tokens no position, unless pe_kwargs sets num_prefix_tokens itself
-        prefix = self.num_prefix_tokens
-        if family == "additive" and (self.no_embed_class or not get(pe).learned_prefix):
-            prefix = 0
-        context = dict(dim=self.embed_dim, num_heads=heads, head_dim=self.embed_dim // heads, grid=grid,
-                       num_prefix_tokens=prefix)
-        self.pe = None
-        for blk in self.blocks:
-            blk.attn.set_pe(None)
-        if family in ("additive", "conditional"):
-            self.pe = build_in(pe, context, **pe_kwargs)
-        elif family in ("rotary", "bias"):
-            for blk in self.blocks:
-                blk.attn.set_pe(build_in(pe, context, **pe_kwargs))
-        elif pe_kwargs:
-            raise ValueError(f"pe_kwargs={pe_kwargs!r}: the encoding {pe!r} takes no settings")
-
-    def no_weight_decay(self) -> set[str]:
-        """timm's set plus every parameter of the encodings (tables, frequencies, prefix vectors)."""
-        names = {n for n, _ in self.named_parameters() if n.startswith("pe.") or ".attn.pe." in n}
-        return set(super().no_weight_decay()) | names
-
-    # --- the token loop ------------------------------------------------------------------------
-    def check_input(self, x: torch.Tensor, mask: torch.Tensor | None) -> None:
-        """Refuse what the model cannot run on, with a ValueError naming it (module docstring)."""
-        check_images(x, mask, patch_size=tuple(self.patch_embed.patch_size),
-                     in_chans=self.patch_embed.proj.in_channels, check_finite=self.check_finite)
-
-    def _tokens(self, x: torch.Tensor, mask: torch.Tensor | None):
-        """Patch-embed, add the input encoding and the prefix tokens; return tokens and context."""
-        self.check_input(x, mask)
-        B, _, H, W = x.shape
-        ps = self.patch_embed.patch_size
-        h, w = H // ps[0], W // ps[1]
-        x = self.patch_embed(x).reshape(B, h * w, -1)  # (B, N, C)
-        grid_mask = None if mask is None else patch_mask(mask, ps)  # (B, h, w)
-        prefix = [t.expand(B, -1, -1) for t in self._prefix_params() if t is not None]
-        prefix = torch.cat(prefix, dim=1) if prefix else x[:, :0]  # (B, P, C)
-        pos = None
-        if self.pe_family == "additive":
-            code = self.pe((h, w), grid_mask, device=x.device, dtype=x.dtype)  # (B|1, N, C)
-            pre = self.pe.prefix(device=x.device, dtype=x.dtype)  # (1, P, C) or None
-            if pre is not None and pre.shape[1] != self.num_prefix_tokens:
-                raise ValueError(f"the encoding has {pre.shape[1]} prefix vectors: expected {self.num_prefix_tokens}")
-            if self.pe_at == "input":
-                x = x + code
-                prefix = prefix if pre is None else prefix + pre
-            else:
-                pre = pre if pre is not None else code.new_zeros(1, self.num_prefix_tokens, code.shape[-1])
-                pos = torch.cat([pre.expand(code.shape[0], -1, -1), code], dim=1)  # (B|1, P+N, C)
-        x = torch.cat([prefix, x], dim=1)  # (B, P+N, C)
-        x = self.norm_pre(self.patch_drop(self.pos_drop(x)))
-        return x, PosContext((h, w), self.num_prefix_tokens, grid_mask, pos)
-
-    def _prefix_params(self):
-        """The prefix token parameters, in sequence order (DeiT's distilled ViT adds its own)."""
-        return (self.cls_token, self.reg_token)
-
-    def _run_block(self, i: int, x: torch.Tensor, ctx: PosContext) -> torch.Tensor:
-        blk = self.blocks[i]
-        if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
-            x = checkpoint(blk, x, None, False, ctx, use_reentrant=False)
-        else:
-            x = blk(x, ctx=ctx)
-        if self.pe_family == "conditional" and i in self.peg_blocks:
-            x = self._apply_peg(x, ctx)
-        return x
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """timm's head on tokens (B, P+N, C); with a grid padding mask (B, h, w) the pooling ignores
-        padded tokens ("avg", "max", "avgmax", "map"; "token" and "" need nothing; "prr" refuses)."""
-        pool = self.global_pool
-        if mask is None or pool in ("", "token") or not mask.any():
-            return super().forward_head(x, pre_logits=pre_logits)
-        x = masked_pool(x, mask, pool, num_prefix_tokens=self.num_prefix_tokens,
-                        include_prefix=self.pool_include_prefix, attn_pool=self.attn_pool)  # (B, C)
-        x = self.head_drop(self.fc_norm(x))
-        return x if pre_logits else self.head(x)
 
 
 def create_vit(name: str = "vit_cifar", *, pe: str | None = None, img_size=None, patch_size: int | None = None,
@@ -198,13 +100,11 @@ def create_vit(name: str = "vit_cifar", *, pe: str | None = None, img_size=None,
     model's own encoding). ``pretrained=True`` loads timm's pretrained weights (timm's source: the
     local Hugging Face cache, downloading when missing unless ``HF_HUB_OFFLINE=1``), or the file
     ``checkpoint`` (a timm state_dict); everything but the position encoding is kept when ``pe``
-    differs from the checkpoint's (vispe.models.timm_models.create_from_timm).
+    differs from the checkpoint's (``create_from_timm``).
     ``timm_kwargs`` (embed_dim, depth, num_heads, class_token, reg_tokens, global_pool, ...)
     override the preset and go to timm.
     """
     if name not in PRESETS:
-        from vispe.models.timm_models import create_from_timm
-
         return create_from_timm(name, pe=pe, img_size=img_size, patch_size=patch_size, num_classes=num_classes,
                                 in_chans=in_chans, pe_kwargs=pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks,
                                 pretrained=pretrained, checkpoint=checkpoint, keep_abs_pos=keep_abs_pos,
@@ -237,16 +137,22 @@ def convert_vit(model: VisionTransformer, pe: str | None = None, *, pe_kwargs: d
     ``pos_embed`` becomes the ``learned_abs`` table if ``pe="learned_abs"`` (dropped otherwise);
     ``pe=None`` keeps its own (``learned_abs``, or ``none`` without a table). Only plain timm blocks
     (``Block`` + ``Attention``) are accepted. An ``Eva`` goes to ``vispe.models.eva.convert_eva``
-    (``keep_abs_pos`` applies there); NaFlexVit and other models are refused with the reason.
+    (``keep_abs_pos`` applies there; timm's ``vit_*_dinov3`` are Evas); transformers'
+    ``DINOv3ViTModel`` becomes a new ``VispeEva`` with its weights (``vispe.models.dinov3``, not in
+    place); timm's ``NaFlexVit`` a new ``VispeViT`` with its modules (``vispe.models.naflex``, which
+    also runs NaFlex's packed inputs); other models are refused with the reason.
     """
-    from timm.layers import Attention as TimmAttention
-
-    from vispe.models.timm_models import timm_kind
-
-    kind = timm_kind(model)  # "vit", "distilled" or "eva"; anything else is refused
+    if type(model).__name__ == "DINOv3ViTModel":  # transformers': a new VispeEva with its weights
+        if pe is not None or pe_kwargs or keep_abs_pos is not None:
+            raise ValueError("a transformers DINOv3ViTModel converts with its own RoPE: pass no pe / pe_kwargs / "
+                             "keep_abs_pos (call setup_pe on the result to change the encoding)")
+        return convert_hf_dinov3(model)
+    kind = timm_kind(model)  # "vit", "distilled", "eva" or "naflex"; anything else is refused
+    if kind == "naflex":  # a new VispeViT with its modules (vispe.models.naflex)
+        if keep_abs_pos is not None:
+            raise ValueError(f"keep_abs_pos={keep_abs_pos!r}: applies to Eva models (a NaFlexVit has one table)")
+        return convert_naflex(model, pe, pe_kwargs=pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks)
     if kind == "eva":
-        from vispe.models.eva import convert_eva
-
         return convert_eva(model, pe, pe_kwargs=pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks,
                            keep_abs_pos=keep_abs_pos)
     if keep_abs_pos is not None:
@@ -263,8 +169,6 @@ def convert_vit(model: VisionTransformer, pe: str | None = None, *, pe_kwargs: d
         Attention.adopt(blk.attn)
         blk.attn.pe = None
     if kind == "distilled":
-        from vispe.models.deit import VispeViTDistilled
-
         model.__class__ = VispeViTDistilled
     else:
         model.__class__ = VispeViT
