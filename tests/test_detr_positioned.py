@@ -132,6 +132,8 @@ def detector_for(design: str, name: str, kw: dict):
     spec = dict(DESIGNS[design])
     family = vispe.registry.get(name).family
     spec["pe_kwargs"] = kw
+    if name == "learned_abs":  # a grid-sized table (resampled to each image's own grid when mask-aware)
+        spec["grid"] = (3, 4)
     if family == "conditional":  # PEG at the encoder input; the keys then take the sine
         spec["pe_at"] = {"encoder": "input", "decoder": "attn"}
         spec.setdefault("dec_pe", "sine")

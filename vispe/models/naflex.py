@@ -169,7 +169,7 @@ def convert_naflex(model, pe: str | None = None, *, pe_kwargs: dict | None = Non
                    device=e.proj.weight.device, dtype=e.proj.weight.dtype)
     for blk in model.blocks:
         blk.__class__ = VispeBlock
-        blk.attn.__class__ = Attention
+        Attention.adopt(blk.attn)
         blk.attn.pe = None
     out.blocks, out.norm_pre, out.norm, out.fc_norm = model.blocks, model.norm_pre, model.norm, model.fc_norm
     out.head, out.head_drop, out.attn_pool = model.head, model.head_drop, model.attn_pool
