@@ -17,7 +17,7 @@ none matches) and every file under ``vispe/`` except the packages a training run
 and whose overrides the CSV records). tests/test_results_fresh.py checks that importing the rest of
 vispe loads none of them. A commit that this repository does not have (history rewritten when it
 landed, see results/compare/README.md) or that is not an ancestor of HEAD is stale: the code cannot
-be compared.
+be compared. Only committed code counts (HEAD, not uncommitted edits of the checkout).
 """
 from __future__ import annotations
 
