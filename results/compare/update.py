@@ -24,9 +24,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # this checkout's vispe
+sys.path.insert(0, str(HERE))
 
 from vispe import report  # noqa: E402
 from vispe.sweep.collect import merge_tables  # noqa: E402
+
+import freshness  # noqa: E402  (results/compare/freshness.py, beside this file)
 
 TASKS = ("digits_cell", "digits_relative", "digits_content_position", "digits_class")
 SWEEPS = TASKS + ("shapes_detr", "shapes_detr_queries")
@@ -45,10 +48,40 @@ def main_table(task: str) -> str:
     if df is None:
         return "(not run here)"
     summ = report.summarize(df)
+    banner = provenance_line(task)
     main = [g for g in summ["group"].unique() if g in MAIN]
     rest = [g for g in summ["group"].unique() if g not in MAIN]
     order = lambda gs: list(summ[summ["is_train_size"].astype(bool) & summ["group"].isin(gs)].sort_values("mean", ascending=False)["group"])  # noqa: E731
-    return report.markdown_table(summ, "acc", order(main) + order(rest)) + "\n\n" + progress(df)
+    return banner + report.markdown_table(summ, "acc", order(main) + order(rest)) + "\n\n" + progress(df)
+
+
+def today_vs_old(task: str) -> str:
+    """Test accuracy at the training size: the rerun at today's code (data/<task>_today.csv) beside the old grid."""
+    new, old = load(f"{task}_today"), load(task)
+    if new is None or old is None:
+        return "(not run here)"
+    n = report.summarize(new)
+    n = n[n["is_train_size"].astype(bool)].set_index("group")
+    o = report.summarize(old)
+    o = o[o["is_train_size"].astype(bool)].set_index("group")
+    commits = lambda df: ", ".join(sorted({c[:7] for c in df["commit"].dropna()}))  # noqa: E731
+    lines = [f"| encoding | today ({commits(new)}), seed 0 | old grid ({commits(old)}), seeds 0-2 | old, seed 0 | today - old mean, in old stds |",
+             "|---|---|---|---|---|"]
+    for g in n.sort_values("mean", ascending=False).index:
+        s0 = old[(old["run"] == f"{g}_seed0") & old["is_train_size"].astype(bool)]["acc"]
+        z = (n.loc[g, "mean"] - o.loc[g, "mean"]) / o.loc[g, "std"] if g in o.index and o.loc[g, "std"] > 0 else float("nan")
+        lines.append(f"| {g} | {n.loc[g, 'mean']:.3f} | " + (report.fmt(o.loc[g, "mean"], o.loc[g, "std"], int(o.loc[g, "n"])) if g in o.index else "-")
+                     + f" | {s0.iloc[0]:.3f} | " + (f"{n.loc[g, 'mean'] - o.loc[g, 'mean']:+.3f} ({z:+.1f})" if z == z else "-") + " |")
+    return "\n".join(lines)
+
+
+def provenance_line(task: str) -> str:
+    """A banner naming the commits of data/<task>.csv and, when they are not today's code, why."""
+    v = freshness.judge(HERE.parents[1], HERE / "data" / f"{task}.csv", freshness.load_marks(HERE.parents[1]))
+    commits = ", ".join(f"`{c[:7]}`" for c in v.commits)
+    if not v.stale:
+        return f"Runs from {commits}, the code of today (`update.py --check`).\n\n"
+    return f"**Stale**: runs from {commits}, not today's code: {v.mark or 'NOT MARKED'}.\n\n"
 
 
 def progress(df: pd.DataFrame) -> str:
@@ -300,8 +333,10 @@ def leakage_table4() -> str:
 
 BLOCKS = {**{f"main:{t}": (lambda t=t: main_table(t)) for t in TASKS},
           **{f"resolution:{t}": (lambda t=t: resolution_table(t)) for t in TASKS},
+          **{f"main:{t}_today": (lambda t=t: main_table(f"{t}_today")) for t in TASKS},
+          **{f"today_vs_old:{t}": (lambda t=t: today_vs_old(t)) for t in TASKS},
           "peg": peg_table, "status": status_table, "detr": detr_table, "detr_queries": queries_table, "redgreen": redgreen_table, "islam_table1": leakage_table1,
-          "islam_table4": leakage_table4}
+          "islam_table4": leakage_table4, "provenance": lambda: freshness.markdown(freshness.check())}
 
 
 def fill(md: Path) -> None:
@@ -316,11 +351,23 @@ def fill(md: Path) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sweeps", default=str(HERE.parents[1] / "runs" / "sweeps"))
+    p.add_argument("--today", default=str(HERE.parents[1] / "runs" / "sweeps_today"),
+                   help="sweeps rerun at today's code: merged into data/<task>_today.csv, beside the old table")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 when a results CSV names a commit whose run files differ from HEAD and is not marked")
+    p.add_argument("--mark", metavar="CSV", help="mark CSV as known stale (its current commits) in results/stale.json")
+    p.add_argument("--reason", default="", help="with --mark: why the table was not rerun")
     args = p.parse_args(argv)
+    if args.check:
+        text, rc = freshness.report(freshness.check())
+        print(text)
+        return rc
+    if args.mark:
+        print(freshness.mark(args.mark, args.reason))
+        return 0
     (HERE / "data").mkdir(exist_ok=True)
     (HERE / "figures").mkdir(exist_ok=True)
-    for task in SWEEPS:
-        sweep = Path(args.sweeps) / task
+    for task, sweep in [(t, Path(args.sweeps) / t) for t in SWEEPS] + [(f"{t}_today", Path(args.today) / t) for t in TASKS]:
         if not (sweep / "sweep.json").is_file():
             continue
         report.write_report(sweep)  # the sweep folder's own report of the runs there

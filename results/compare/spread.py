@@ -1,0 +1,50 @@
+"""The seeds' spread of every task's grid: the unit in which differences between encodings are read.
+
+    .venv/bin/python results/compare/spread.py          # Markdown table on stdout (reproducibility.md)
+
+For each task in data/<task>.csv: over the encodings with 3 seeds, the standard deviation over seeds
+of the test accuracy at the training size (median and largest over encodings), and the rerun of
+one committed run (data/rerun_*.csv) against the run it repeats.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+HERE = Path(__file__).resolve().parent
+TASKS = ("digits_cell", "digits_relative", "digits_content_position", "digits_class")
+
+
+def seed_spread() -> str:
+    lines = ["| task | encodings with 3 seeds | median std over seeds | largest std (encoding) | 2 x median std |",
+             "|---|---|---|---|---|"]
+    for task in TASKS:
+        df = pd.read_csv(HERE / "data" / f"{task}.csv")
+        t = df[df["is_train_size"].astype(bool) & (df["status"] == "finished")].copy()
+        t["group"] = t["run"].str.replace(r"_seed\d+$", "", regex=True)
+        g = t.groupby("group")["acc"].agg(["std", "count"])
+        g = g[g["count"] >= 3]
+        worst = g["std"].idxmax()
+        lines.append(f"| {task} | {len(g)} | {g['std'].median():.3f} | {g.loc[worst, 'std']:.3f} ({worst}) "
+                     f"| {2 * g['std'].median():.3f} |")
+    return "\n".join(lines)
+
+
+def reruns() -> str:
+    lines = ["| rerun file | run | committed (commit) | rerun (commit) | difference |", "|---|---|---|---|---|"]
+    for f in sorted((HERE / "data").glob("rerun_*.csv")):
+        r = pd.read_csv(f)
+        r = r[r["is_train_size"].astype(bool)]
+        task = r["data"].iloc[0] if "data" in r and r["data"].iloc[0] in TASKS else next(t for t in TASKS if t in f.stem)
+        o = pd.read_csv(HERE / "data" / f"{task}.csv")
+        o = o[o["is_train_size"].astype(bool)]
+        for _, row in r.iterrows():
+            m = o[o["run"] == row["run"]].iloc[0]
+            lines.append(f"| {f.name} | {task} {row['run']} | {m['acc']:.3f} ({m['commit'][:7]}) | "
+                         f"{row['acc']:.3f} ({row['commit'][:7]}) | {row['acc'] - m['acc']:+.3f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(seed_spread() + "\n\n" + reruns())

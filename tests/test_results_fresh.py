@@ -1,0 +1,144 @@
+"""results/compare/freshness.py: a results CSV whose commit's run files differ from HEAD fails the
+check unless marked (issue 29 item 1); the check passes on this repository as committed."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "results" / "compare"))
+import freshness  # noqa: E402
+
+needs_git = pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(),
+                               reason="needs git and this repository's history")
+
+
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A tiny repository: train.py, one config, vispe/ with a run file and an excluded one, a CSV."""
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "config", "user.email", "t@t")
+    git(tmp_path, "config", "user.name", "t")
+    for f, text in {"train.py": "x = 1\n", "configs/digits_cell.yaml": "a: 1\n", "configs/shapes_detr.yaml": "a: 1\n",
+                    "vispe/attention.py": "y = 1\n", "vispe/report.py": "z = 1\n"}.items():
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text(text)
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-qm", "a")
+    (tmp_path / "results" / "compare" / "data").mkdir(parents=True)
+    return tmp_path
+
+
+def write_csv(repo: Path, name: str, commits: list[str]) -> Path:
+    f = repo / "results" / "compare" / "data" / name
+    f.write_text("run,acc,commit\n" + "".join(f"r{i},0.5,{c}\n" for i, c in enumerate(commits)))
+    return f
+
+
+def commit_change(repo: Path, path: str) -> str:
+    (repo / path).write_text((repo / path).read_text() + "# changed\n")
+    git(repo, "commit", "-qam", f"change {path}")
+    return git(repo, "rev-parse", "HEAD")
+
+
+def states(repo: Path) -> dict[str, str]:
+    return {Path(v.csv).name: v.state for v in freshness.check(repo)}
+
+
+def test_fresh_then_stale_then_marked(repo):
+    a = git(repo, "rev-parse", "HEAD")
+    write_csv(repo, "digits_cell.csv", [a, a])
+    assert states(repo) == {"digits_cell.csv": "fresh"}
+    assert freshness.report(freshness.check(repo))[1] == 0
+    commit_change(repo, "vispe/report.py")  # excluded: not a file training imports
+    commit_change(repo, "configs/shapes_detr.yaml")  # another task's config
+    assert states(repo) == {"digits_cell.csv": "fresh"}
+    commit_change(repo, "vispe/attention.py")
+    v = freshness.check(repo)[0]
+    assert v.state == "STALE, NOT MARKED" and "vispe/attention.py" in v.stale[a]
+    assert freshness.report([v])[1] == 1
+    freshness.mark("results/compare/data/digits_cell.csv", "too long to rerun here", root=repo)
+    assert states(repo) == {"digits_cell.csv": "stale, marked"}
+    assert freshness.report(freshness.check(repo))[1] == 0
+
+
+def test_config_change_makes_its_task_stale(repo):
+    write_csv(repo, "digits_cell.csv", [git(repo, "rev-parse", "HEAD")])
+    commit_change(repo, "configs/digits_cell.yaml")
+    assert states(repo) == {"digits_cell.csv": "STALE, NOT MARKED"}
+
+
+def test_mark_covers_only_the_commits_it_recorded(repo):
+    a = git(repo, "rev-parse", "HEAD")
+    f = write_csv(repo, "digits_cell.csv", [a])
+    b = commit_change(repo, "vispe/attention.py")
+    freshness.mark(str(f), "old", root=repo)
+    assert states(repo) == {"digits_cell.csv": "stale, marked"}
+    c = commit_change(repo, "train.py")
+    write_csv(repo, "digits_cell.csv", [a, b])  # rows from b added later: b is stale too, not covered
+    assert states(repo) == {"digits_cell.csv": "STALE, NOT MARKED"}
+    write_csv(repo, "digits_cell.csv", [c])  # rerun at today's code: fresh, the mark is not needed
+    assert states(repo) == {"digits_cell.csv": "fresh"}
+
+
+def test_unknown_and_non_ancestor_commits_are_stale(repo):
+    write_csv(repo, "digits_cell.csv", ["0123456789abcdef0123456789abcdef01234567"])  # rewritten history
+    v = freshness.check(repo)[0]
+    assert v.stale == {"0123456789abcdef0123456789abcdef01234567": "not in this repository's history"}
+    git(repo, "checkout", "-qb", "side")
+    side = commit_change(repo, "vispe/report.py")
+    git(repo, "checkout", "-q", "-")
+    write_csv(repo, "digits_cell.csv", [side])
+    assert freshness.check(repo)[0].stale == {side: "not an ancestor of HEAD"}
+
+
+def test_csv_without_commit_and_curves(repo):
+    d = repo / "results" / "compare" / "data"
+    (d / "leak.csv").write_text("a,b\n1,2\n")
+    write_csv(repo, "digits_cell.csv", [git(repo, "rev-parse", "HEAD")])
+    (d / "digits_cell_curves.csv").write_text("epoch,run\n1,r0\n")  # covered by digits_cell.csv
+    assert states(repo) == {"digits_cell.csv": "fresh", "leak.csv": "STALE, NOT MARKED"}
+    freshness.mark(str(d / "leak.csv"), "no commit recorded by its runner", root=repo)
+    assert states(repo)["leak.csv"] == "stale, marked"
+
+
+def test_mark_refuses_bad_input(repo):
+    with pytest.raises(ValueError, match="reason"):
+        freshness.mark("results/compare/data/x.csv", "  ", root=repo)
+    with pytest.raises(ValueError, match="csv="):
+        freshness.mark("results/compare/data/missing.csv", "why", root=repo)
+
+
+def test_excluded_packages_are_not_imported_by_the_rest_of_vispe():
+    """The conservative rule's exclusions hold: importing train.py and every other vispe module loads none of them."""
+    mods = []
+    for f in sorted((ROOT / "vispe").rglob("*.py")):
+        rel = f.relative_to(ROOT).as_posix()
+        if any(rel == e or rel.startswith(e + "/") for e in freshness.EXCLUDED) or rel == "vispe/__main__.py":
+            continue
+        mods.append(rel[:-3].replace("/", ".").removesuffix(".__init__"))
+    code = ("import importlib, sys\nsys.argv = ['train.py']\nimport train\n"
+            f"for m in {mods!r}:\n    importlib.import_module(m)\n"
+            f"bad = sorted(m for m in sys.modules if any(m == e[:-3].replace('/', '.') if e.endswith('.py') "
+            f"else m.startswith(e.replace('/', '.')) for e in {freshness.EXCLUDED!r}))\nprint(bad)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@needs_git
+def test_check_passes_on_this_repository():
+    out = subprocess.run([sys.executable, str(ROOT / "results" / "compare" / "update.py"), "--check"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
