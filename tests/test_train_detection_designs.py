@@ -24,8 +24,8 @@ def args_for(tmp: Path, coco: Path, *extra: str) -> list[str]:
 
 
 @pytest.mark.parametrize("extra", [
-    ("detr.decoder=conditional",),
-    ("detr.decoder=dab", "detr.dec_pe=rope_axial"),
+    ("detr.decoder=conditional", "detr.box_bias=null"),
+    ("detr.decoder=dab", "detr.dec_pe=rope_axial", "detr.box_bias=null"),
     ("detr.decoder=dab", "detr.box_bias=boxrpb", "detr.box_bias_kwargs.hidden=8", "detr.activation=prelu"),
 ], ids=["conditional", "dab-rope_axial", "dab-boxrpb-prelu"])
 def test_positioned_designs_train_evaluate_and_draw(tmp_path, extra):
@@ -41,7 +41,7 @@ def test_positioned_designs_train_evaluate_and_draw(tmp_path, extra):
 
 def test_a_sigmoid_head_gets_the_focal_criterion_and_a_softmax_head_does_not():
     for decoder, focal in (("dab", 0.25), ("detr", None)):
-        cfg = C.load_config(ROOT / "configs/shapes_detr.yaml", [f"detr.decoder={decoder}", "detr.d_model=16",
+        cfg = C.load_config(ROOT / "configs/shapes_detr.yaml", [f"detr.decoder={decoder}", "detr.box_bias=null", "detr.d_model=16",
                                                                 "detr.nheads=2", "detr.num_queries=4"])
         task = get_task(cfg.task)
         model = task.model(cfg, task.info(cfg), 64)

@@ -42,7 +42,8 @@ def _bool(name: str, value) -> bool:
 
 
 def build_design(decoder: str, decoder_kwargs: dict, *, box_bias: str | None, box_bias_kwargs: dict,
-                 d_model: int, nheads: int, queries_at: str, key_family: str | None, stride: float) -> dict:
+                 d_model: int, nheads: int, queries_at: str, key_family: str | None, stride: float,
+                 dec_layers: int = 2) -> dict:
     """The pieces of a design: ``queries`` (strategy), ``layer_kwargs`` (per decoder layer),
     ``enc_pos_scale``, ``query_dim``, ``random_refpoints_xy``, ``default_class_head``."""
     if decoder not in DESIGNS:
@@ -75,12 +76,13 @@ def build_design(decoder: str, decoder_kwargs: dict, *, box_bias: str | None, bo
     enc_scale = _bool("enc_pos_scale", kw.pop("enc_pos_scale", decoder == "dab"))
     random_xy = _bool("random_refpoints_xy", kw.pop("random_refpoints_xy", False))
     if decoder == "conditional":
-        queries, query_dim = ConditionalQueries(d_model, anchor_pe, cross=cross, keep_query_pos=keep), None
+        queries, query_dim = ConditionalQueries(d_model, anchor_pe, cross=cross, keep_query_pos=keep,
+                                                num_layers=dec_layers), None
     else:
         query_dim = kw.pop("query_dim", 4)
         queries = DabQueries(d_model, anchor_pe, query_dim=query_dim, modulate_hw=kw.pop("modulate_hw", None),
                              iter_refine=_bool("iter_refine", kw.pop("iter_refine", True)), cross=cross,
-                             keep_query_pos=keep)
+                             keep_query_pos=keep, num_layers=dec_layers)
     if box_bias is not None and query_dim != 4:
         raise ValueError(f"box_bias={box_bias!r} with decoder={decoder!r}"
                          f"{', query_dim=2' if decoder == 'dab' else ''}: the box bias needs anchor boxes "

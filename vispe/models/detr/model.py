@@ -217,7 +217,8 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
                          widths=backbone_widths, kwargs=backbone_kwargs, mask_aware=backbone_mask_aware)
     design = build_design(decoder, dict(decoder_kwargs or {}), box_bias=box_bias,
                           box_bias_kwargs=dict(box_bias_kwargs or {}), d_model=d_model, nheads=nheads,
-                          queries_at=placement.queries, key_family=key_family(pe, dec_pe), stride=net.stride)
+                          queries_at=placement.queries, key_family=key_family(pe, dec_pe), stride=net.stride,
+                          dec_layers=dec_layers)
     transformer = Transformer(d_model, nheads, enc_layers, dec_layers, dim_feedforward, dropout, attn_dropout,
                               layer_kwargs=design["layer_kwargs"], enc_pos_scale=design["enc_pos_scale"],
                               activation=activation)

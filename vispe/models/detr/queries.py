@@ -93,10 +93,13 @@ class PositionedQueries(QueryPositions):
             not only the first (DAB's ``keep_query_pos``; Conditional: first layer only).
     """
 
-    def __init__(self, d_model: int, anchor_pe: nn.Module, *, cross: str = "concat", keep_query_pos: bool = False) -> None:
+    def __init__(self, d_model: int, anchor_pe: nn.Module, *, cross: str = "concat", keep_query_pos: bool = False,
+                 num_layers: int = 2) -> None:
         super().__init__(d_model)
         self.anchor_pe, self.cross, self.keep_query_pos = anchor_pe, cross, keep_query_pos
-        self.query_scale = MLP(d_model, d_model, d_model, 2)  # FFN(t) of the spatial query (Conditional's T)
+        # FFN(t) of the spatial query (Conditional's T), used from layer 1 on: none for a one-layer decoder
+        # (a parameter no step uses would stop DDP)
+        self.query_scale = MLP(d_model, d_model, d_model, 2) if num_layers > 1 else None
 
     def code(self, anchors: torch.Tensor) -> torch.Tensor:
         """``A`` of unit (cx, cy[, w, h]) anchors: [A(cy, cx)] or [A(cy, cx), A(w, h)].  # (B|1, Q, d or 2d)"""
@@ -117,6 +120,9 @@ class PositionedQueries(QueryPositions):
             # query has nothing to rotate
             cross = PosContext(pos=pos if first else None, coords=anchors[..., [1, 0]].float())
             mem = replace(memory_ctx, pos=None, spatial=None)
+        elif memory_ctx.pos is None:  # keys without position (pe="none"): the queries' p_q only
+            cross = PosContext(pos=pos if first else None)
+            mem = memory_ctx
         else:
             cross = PosContext(pos=pos if first else None, spatial=spatial)
             mem = replace(memory_ctx, pos=memory_ctx.pos if first else None, spatial=memory_ctx.pos)
@@ -131,8 +137,9 @@ class ConditionalQueries(PositionedQueries):
 
     design = "conditional"
 
-    def __init__(self, d_model: int, anchor_pe: nn.Module, *, cross: str = "concat", keep_query_pos: bool = False) -> None:
-        super().__init__(d_model, anchor_pe, cross=cross, keep_query_pos=keep_query_pos)
+    def __init__(self, d_model: int, anchor_pe: nn.Module, *, cross: str = "concat", keep_query_pos: bool = False,
+                 num_layers: int = 2) -> None:
+        super().__init__(d_model, anchor_pe, cross=cross, keep_query_pos=keep_query_pos, num_layers=num_layers)
         self.ref_point_head = MLP(d_model, d_model, 2, 2)  # p_q -> (cx, cy) before the sigmoid
 
     def start(self, embed, B, dtype):
@@ -160,8 +167,9 @@ class DabQueries(PositionedQueries):
     design = "dab"
 
     def __init__(self, d_model: int, anchor_pe: nn.Module, *, query_dim: int = 4, modulate_hw: bool | None = None,
-                 iter_refine: bool = True, cross: str = "concat", keep_query_pos: bool = False) -> None:
-        super().__init__(d_model, anchor_pe, cross=cross, keep_query_pos=keep_query_pos)
+                 iter_refine: bool = True, cross: str = "concat", keep_query_pos: bool = False,
+                 num_layers: int = 2) -> None:
+        super().__init__(d_model, anchor_pe, cross=cross, keep_query_pos=keep_query_pos, num_layers=num_layers)
         if query_dim not in (2, 4):
             raise ValueError(f"query_dim={query_dim!r}: expected 4 (anchor boxes cx, cy, w, h) or 2 (points cx, cy)")
         modulate_hw = query_dim == 4 if modulate_hw is None else modulate_hw
