@@ -20,6 +20,8 @@ import torch
 from transformers import (ConditionalDetrConfig, ConditionalDetrForObjectDetection, DabDetrConfig,
                           DabDetrForObjectDetection)
 
+from detr_step import inputs  # the same padded batch as the DETR bench
+
 from vispe.models.detr import load_detr
 
 
@@ -37,16 +39,6 @@ def make_models(args) -> dict:
         models[f"{name} transformers"] = hf
         models[f"{name} vispe"] = load_detr(hf).to(args.device).train()
     return models
-
-
-def inputs(device):
-    torch.manual_seed(1)
-    images = torch.randn(2, 3, 320, 480, device=device)
-    mask = torch.zeros(2, 320, 480, dtype=torch.bool, device=device)
-    mask[1, 256:] = True
-    mask[1, :, 352:] = True
-    images[1][:, mask[1]] = 0
-    return images, mask
 
 
 def forward(model, images, mask):

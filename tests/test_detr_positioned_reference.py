@@ -6,6 +6,7 @@ import torch
 from transformers import (ConditionalDetrConfig, ConditionalDetrForObjectDetection, DabDetrConfig,
                           DabDetrForObjectDetection, DetrConfig, DetrForObjectDetection)
 
+from test_detr_reference import batch  # two non-square images, the second padded bottom/right
 from vispe.models.detr import load_detr
 from vispe.models.detr.mlp import inverse_sigmoid
 
@@ -40,17 +41,6 @@ def hf_conditional(**kw):
 def hf_dab(**kw):
     model = DabDetrForObjectDetection(DabDetrConfig(**{**SMALL, "hidden_size": 64, **kw}))
     return randomise(model)  # the decoder's box head is tied to bbox_predictor: randomised once
-
-
-def batch():
-    """Two non-square images; the second (64 x 96 valid of 128 x 160) padded at the bottom/right."""
-    g = torch.Generator().manual_seed(1)
-    images = torch.randn(2, 3, 128, 160, generator=g)
-    mask = torch.zeros(2, 128, 160, dtype=torch.bool)
-    mask[1, 64:] = True
-    mask[1, :, 96:] = True
-    images[1][:, mask[1]] = 0.0
-    return images, mask
 
 
 def conditional_reference(hf, images, mask):
