@@ -12,7 +12,10 @@
 * transformers' ``ConditionalDetrForObjectDetection`` / ``DabDetrForObjectDetection`` or their
   ``state_dict()`` (``vispe.models.detr.load_positioned``): ``create_detr(decoder="conditional" |
   "dab")`` with their sigmoid class head and, for DAB-DETR, its feature sine temperature and PReLU;
-* a path to a ``.pth`` / ``.bin`` file holding either (read with ``weights_only=True``).
+* the papers' own Conditional DETR (Atten4Vis/ConditionalDETR) and DAB-DETR (IDEA-Research/DAB-DETR)
+  checkpoints, ``{"model": state_dict, "args": Namespace}`` or the state_dict alone
+  (``load_positioned.OFFICIAL``);
+* a path to a ``.pth`` / ``.bin`` file holding any of these (read with ``weights_only=True``).
 
 What the weights cannot tell (``nheads``, ``dilation``, dropout) comes from the config or the
 checkpoint's ``args``; a bare state_dict without them is refused unless ``nheads`` is passed
@@ -90,10 +93,13 @@ def _read(source):
         return source.state_dict(), "transformers", _hints_from_hf_config(source.config)
     if not isinstance(source, dict):
         raise ValueError(f"source is a {type(source).__name__}: expected a model, a state_dict, a DETR checkpoint or a path")
-    hints = {}
-    if "model" in source and isinstance(source["model"], dict):  # facebookresearch/detr's .pth
-        hints = _hints_from_detr_args(source.get("args"))
-        source = source["model"]
+    hints, args = {}, None
+    if "model" in source and isinstance(source["model"], dict):  # the papers' .pth: {"model": ..., "args": ...}
+        args, source = source.get("args"), source["model"]
+    official = P.official_design(source)
+    if official is not None:  # Atten4Vis/ConditionalDETR, IDEA-Research/DAB-DETR
+        return source, "official", P.hints_from_official_args(args, official)
+    hints = _hints_from_detr_args(args)
     keys = list(source)
     design = P.design_of_state(source)
     if design is not None and any(k.startswith("model.") for k in keys):
@@ -141,7 +147,8 @@ def _hints_from_detr_args(args) -> dict:
 
 
 def _rename(state: dict, fmt: str) -> dict:
-    rules = {"transformers": _HF + _COMMON, "detr": _DETR + _COMMON, "conditional": P.CONDITIONAL, "dab": P.DAB}[fmt]
+    rules = {"transformers": _HF + _COMMON, "detr": _DETR + _COMMON, "conditional": P.CONDITIONAL, "dab": P.DAB,
+             "official": P.OFFICIAL}[fmt]
     out, pieces = {}, {}
     for key, value in state.items():
         new = key
@@ -156,7 +163,7 @@ def _rename(state: dict, fmt: str) -> dict:
         if set(parts) != {"q", "k", "v"}:
             raise ValueError(f"source has {sorted(parts)} projections for {prefix}.{kind}: expected q, k and v")
         out[f"{prefix}.qkv.{kind}"] = torch.cat([parts[c][1] for c in "qkv"], dim=0)
-    return P.tie_dab_box_heads(out) if fmt == "dab" else out
+    return P.tie_dab_box_heads(out) if fmt in ("dab", "official") else out
 
 
 def _architecture(state: dict, hints: dict) -> dict:

@@ -7,6 +7,16 @@ projections (``q_content_proj``, ``q_pos_proj``, ...) map onto the one ``Attenti
 into its fused ``qkv`` (``load._rename`` fuses them), positions into ``q_pos`` / ``k_pos``, the sine
 query projection into ``q_spatial``. DAB-DETR's decoder box head (``model.decoder.bbox_embed``) is
 its ``bbox_predictor`` (tied in transformers): both keys must hold the same tensor.
+
+The papers' own checkpoints load too (``OFFICIAL``): Atten4Vis/ConditionalDETR's and
+IDEA-Research/DAB-DETR's ``checkpoint.pth`` (``{"model": state_dict, "args": Namespace}``, or the
+state_dict alone). Their decoder layers hold the projections as ``sa_qcontent_proj``, ``ca_kpos_proj``,
+``ca_qpos_sine_proj``, ... beside a ``MultiheadAttention`` that keeps only its ``out_proj``; their
+encoder layers are DETR's (``in_proj_weight``, ``linear1``); DAB-DETR's PReLU is each layer's
+``activation.weight``, and its decoder's box head is stored twice (``bbox_embed`` and
+``transformer.decoder.bbox_embed``, one module). Their ``args`` give what the weights cannot
+(``nheads``, ``dilation``, ``dropout``, DAB's ``pe_temperatureH/W``); without ``args``, ``nheads`` must be
+passed and DAB's feature sine takes the paper's temperature 20 (``pe_kwargs`` overrides it).
 """
 from __future__ import annotations
 
@@ -63,6 +73,70 @@ DAB = [
 ]
 
 
+OFFICIAL = [  # Atten4Vis/ConditionalDETR and IDEA-Research/DAB-DETR checkpoints
+    (r"^backbone\.0\.body\.", "backbone.body."),
+    (r"^refpoint_embed\.", "query_embed."),
+    (r"^transformer\.decoder\.bbox_embed\.", "decoder_bbox_embed."),
+    (r"^transformer\.decoder\.norm\.", "transformer.decoder_norm."),
+    (r"^transformer\.decoder\.(query_scale|ref_point_head|ref_anchor_head)\.", r"queries.\1."),
+    (r"^transformer\.encoder\.query_scale\.", "transformer.enc_pos_scale."),
+    (r"^transformer\.(encoder|decoder)\.layers\.(\d+)\.", r"transformer.\1.\2."),
+    (r"\.self_attn\.in_proj_(weight|bias)$", r".self_attn.qkv.\1"),
+    (r"\.(self_attn|cross_attn)\.out_proj\.", r".\1.proj."),
+    (r"\.sa_(q|k)content_proj\.", r".self_attn.\1_proj."),
+    (r"\.ca_(q|k)content_proj\.", r".cross_attn.\1_proj."),
+    (r"\.sa_(q|k)pos_proj\.", r".self_attn.\1_pos."),
+    (r"\.ca_(q|k)pos_proj\.", r".cross_attn.\1_pos."),
+    (r"\.sa_v_proj\.", ".self_attn.v_proj."),
+    (r"\.ca_v_proj\.", ".cross_attn.v_proj."),
+    (r"\.ca_qpos_sine_proj\.", ".cross_attn.q_spatial."),
+    (r"\.linear(1|2)\.", r".mlp.fc\1."),
+    (r"\.activation\.weight$", ".mlp.act.weight"),
+]
+
+
+def official_design(state: dict) -> str | None:
+    """"conditional" / "dab" for a state_dict in the papers' own layout, else None."""
+    if not any(k.endswith("ca_qpos_sine_proj.weight") for k in state):
+        return None
+    return "dab" if "refpoint_embed.weight" in state else "conditional"
+
+
+def hints_from_official_args(args, design: str) -> dict:
+    """create_detr arguments from the papers' ``args`` (their main.py's argparse Namespace, or a dict)."""
+    import argparse
+
+    a = {} if args is None else (vars(args) if isinstance(args, argparse.Namespace) else dict(args))
+    hints = dict(decoder=design, class_head="sigmoid")
+    if a.get("pre_norm"):
+        raise ValueError("source was trained with --pre_norm: vispe's decoder is post-norm (the papers' default)")
+    if a.get("position_embedding", "sine") not in ("sine", "v2"):
+        raise ValueError(f"source was trained with --position_embedding {a['position_embedding']!r}: expected 'sine'")
+    for k1, k2 in (("backbone", "backbone"), ("dilation", "dilation"), ("nheads", "nheads"), ("dropout", "dropout")):
+        if k1 in a:
+            hints[k2] = a[k1]
+    if "dropout" in a:
+        hints["attn_dropout"] = a["dropout"]  # nn.MultiheadAttention(dropout=dropout) in both papers' code
+    if "aux_loss" in a:
+        hints["aux_loss"] = bool(a["aux_loss"])
+    if design == "conditional":
+        hints["pe_kwargs"] = dict(temperature=10000.0, normalize=True)
+        return hints
+    th, tw = a.get("pe_temperatureH", 20), a.get("pe_temperatureW", 20)
+    if th != tw:
+        raise ValueError(f"source has pe_temperatureH={th}, pe_temperatureW={tw}: vispe's sine has one temperature "
+                         "for both axes")
+    if a.get("num_patterns", 0):
+        raise ValueError(f"source has num_patterns={a['num_patterns']}: vispe's DAB-DETR has no pattern embeddings")
+    if a.get("two_stage", False):
+        raise ValueError("source has two_stage=True (DAB-Deformable-DETR): expected DAB-DETR")
+    hints["pe_kwargs"] = dict(temperature=float(th), normalize=True)
+    if "transformer_activation" in a:
+        hints["activation"] = a["transformer_activation"]
+    hints["decoder_kwargs"] = dict(random_refpoints_xy=bool(a.get("random_refpoints_xy", False)))
+    return hints
+
+
 def tie_dab_box_heads(state: dict) -> dict:
     """DAB-DETR's decoder box head is its box predictor: fold ``decoder_bbox_embed.*`` into ``bbox_embed.*``."""
     out = {k: v for k, v in state.items() if not k.startswith("decoder_bbox_embed.")}
@@ -70,7 +144,8 @@ def tie_dab_box_heads(state: dict) -> dict:
         if k.startswith("decoder_bbox_embed."):
             own = "bbox_embed." + k[len("decoder_bbox_embed."):]
             if own in out and not torch.equal(out[own], v):
-                raise ValueError(f"source's model.decoder.bbox_embed and bbox_predictor differ at {own!r}: DAB-DETR "
+                raise ValueError(f"source's decoder box head (model.decoder.bbox_embed, transformer.decoder.bbox_embed) and "
+                                 f"its box predictor differ at {own!r}: DAB-DETR "
                                  "shares one box head between anchor refinement and predictions (vispe too)")
             out.setdefault(own, v)
     return out
