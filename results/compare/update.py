@@ -32,7 +32,9 @@ from vispe.sweep.collect import merge_tables  # noqa: E402
 import freshness  # noqa: E402  (results/compare/freshness.py, beside this file)
 
 TASKS = ("digits_cell", "digits_relative", "digits_content_position", "digits_class")
-SWEEPS = TASKS + ("shapes_detr", "shapes_detr_queries")
+SWEEPS = TASKS + ("shapes_detr", "shapes_detr_queries", "relbias_init_vit", "relbias_init_torch")
+INITS = (("relbias_init_vit", "ViT / timm default (`weight_init=''`: trunc-normal 0.02, zero biases)"),
+         ("relbias_init_torch", "PyTorch default (`model.kwargs.weight_init=skip`: Kaiming-uniform, std ~0.07, non-zero biases)"))
 MAIN = ("none", "sine", "learned_abs", "sincos2d", "rope_axial", "rope_mixed", "relbias", "peg")
 RESOLUTION = ("learned_abs", "rope_axial", "rope_mixed", "none")
 CHANCE = {"digits_cell": 1 / 9, "digits_relative": 1 / 4, "digits_content_position": 1 / 20, "digits_class": 1 / 10}
@@ -72,6 +74,25 @@ def today_vs_old(task: str) -> str:
         z = (n.loc[g, "mean"] - o.loc[g, "mean"]) / o.loc[g, "std"] if g in o.index and o.loc[g, "std"] > 0 else float("nan")
         lines.append(f"| {g} | {n.loc[g, 'mean']:.3f} | " + (report.fmt(o.loc[g, "mean"], o.loc[g, "std"], int(o.loc[g, "n"])) if g in o.index else "-")
                      + f" | {s0.iloc[0]:.3f} | " + (f"{n.loc[g, 'mean'] - o.loc[g, 'mean']:+.3f} ({z:+.1f})" if z == z else "-") + " |")
+    return "\n".join(lines)
+
+
+def relbias_init_table() -> str:
+    """relbias on digits_relative under the two initialisations: per seed and mean, at the training size."""
+    lines = ["| initialisation | seed 0 | seed 1 | seed 2 | mean ± std | seeds above chance + 0.05 | commit |",
+             "|---|---|---|---|---|---|---|"]
+    for name, label in INITS:
+        df = load(name)
+        if df is None:
+            lines.append(f"| {label} | not run | | | | | |")
+            continue
+        at = df[df["is_train_size"].astype(bool) & (df["status"] == "finished")].set_index("run")["acc"]
+        seeds = [at.get(f"relbias_seed{i}", float("nan")) for i in range(3)]
+        got = at.dropna()
+        above = int((got > CHANCE["digits_relative"] + 0.05).sum())
+        commit = ", ".join(sorted({c[:7] for c in df["commit"].dropna()}))
+        lines.append(f"| {label} | " + " | ".join("-" if v != v else f"{v:.3f}" for v in seeds)
+                     + f" | {report.fmt(got.mean(), got.std(), len(got))} | {above} of {len(got)} | {commit} |")
     return "\n".join(lines)
 
 
@@ -335,7 +356,7 @@ BLOCKS = {**{f"main:{t}": (lambda t=t: main_table(t)) for t in TASKS},
           **{f"resolution:{t}": (lambda t=t: resolution_table(t)) for t in TASKS},
           **{f"main:{t}_today": (lambda t=t: main_table(f"{t}_today")) for t in TASKS},
           **{f"today_vs_old:{t}": (lambda t=t: today_vs_old(t)) for t in TASKS},
-          "peg": peg_table, "status": status_table, "detr": detr_table, "detr_queries": queries_table, "redgreen": redgreen_table, "islam_table1": leakage_table1,
+          "peg": peg_table, "status": status_table, "detr": detr_table, "detr_queries": queries_table, "relbias_init": relbias_init_table, "redgreen": redgreen_table, "islam_table1": leakage_table1,
           "islam_table4": leakage_table4, "provenance": lambda: freshness.markdown(freshness.check())}
 
 
