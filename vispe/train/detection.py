@@ -21,7 +21,15 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
+from vispe.train.config_words import reword
+
 LOSS_KEYS = ("loss", "loss_ce", "loss_bbox", "loss_giou")
+#: create_detr's arguments that are not detr.* keys, by config key (the errors name the keys)
+MODEL_KEYS = {"pe": "model.pe", "pe_kwargs": "model.pe_kwargs", "num_classes": "the data set's number of classes"}
+HINTS = {"detr.grid": "detr.grid=[h, w] is the backbone's feature grid the table is built for: data.img_size "
+                      "divided by its stride, e.g. [8, 8] for 64 px at stride 8",
+         "detr.backbone_widths": "detr.backbone_widths=null leaves it unset",
+         "model.pe_kwargs": "model.pe_kwargs={} replaces the settings the config file gives"}
 
 
 class DetectionTask:
@@ -75,9 +83,13 @@ class DetectionTask:
         from vispe.models.detr import HungarianMatcher, SetCriterion, create_detr
 
         t, m = cfg.task, OmegaConf.to_container(cfg.detr, resolve=True)
-        model = create_detr(info.num_classes, pe=cfg.model.pe, pe_kwargs=dict(cfg.model.pe_kwargs),
-                            **{k: (tuple(v) if k in ("grid", "backbone_widths") and v is not None else v)
-                               for k, v in m.items()})
+        try:
+            model = create_detr(info.num_classes, pe=cfg.model.pe, pe_kwargs=dict(cfg.model.pe_kwargs),
+                                **{k: (tuple(v) if k in ("grid", "backbone_widths") and v is not None else v)
+                                   for k, v in m.items()})
+        except (TypeError, ValueError) as e:  # worded by argument: name the config keys instead
+            settings = {**({m["dec_pe"]: "detr.dec_pe_kwargs"} if m["dec_pe"] else {}), cfg.model.pe: "model.pe_kwargs"}
+            raise ValueError(reword(str(e), {**{k: f"detr.{k}" for k in m}, **MODEL_KEYS}, settings, HINTS)) from e
         focal = dict(focal_alpha=t.focal_alpha, focal_gamma=t.focal_gamma) if model.class_head == "sigmoid" else {}
         matcher = HungarianMatcher(t.cost_class, t.cost_bbox, t.cost_giou, **focal)
         self.criterion = SetCriterion(info.num_classes, matcher, eos_coef=t.eos_coef, weight_ce=t.weight_ce,
