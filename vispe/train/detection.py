@@ -9,8 +9,10 @@ True = padding, targets)`` from ``vispe.data.detection.collate_detection``; the 
 ``SetCriterion``; evaluation runs the criterion (test loss) and gathers every prediction as COCO
 result records (from every process), then ``vispe.data.coco_eval.coco_evaluate`` gives AP, AP50,
 AP75, APs, APm, APl on exactly the images evaluated. ``primary`` is AP. After each evaluation a
-picture of predicted (red) and true (green) boxes on the first ``task.vis_images`` validation
-images is written to ``predictions/epoch_NNN.png`` in the run folder.
+picture of true boxes (green, class names) and predictions (red, class and score; the top 3 in
+orange when none reaches ``task.vis_score``) on the first ``task.vis_images`` validation images,
+magnified 4x with a legend, is written to ``predictions/epoch_NNN.png`` in the run folder
+(``vispe.train.detection_vis``).
 """
 from __future__ import annotations
 
@@ -154,7 +156,7 @@ class DetectionTask:
 
     @torch.no_grad()
     def visualize(self, model, dataset, path: str | Path, device) -> None:
-        """Predicted (red, with scores) and true (green) boxes on the first ``task.vis_images`` images, one PNG."""
+        """True and predicted boxes on the first ``task.vis_images`` images, one PNG (``detection_vis``)."""
         from vispe.train.detection_vis import draw_predictions
 
         if self.cfg.vis_images:
