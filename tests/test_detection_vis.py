@@ -76,3 +76,11 @@ def test_draw_predictions_of_a_detector_on_a_coco_set(tmp_path):
     assert {d["text"] for d in drawn if d["kind"] == "truth"} <= names and any(d["kind"] == "truth" for d in drawn)
     assert all("top" in d["text"] for d in drawn if d["kind"] == "note")  # untrained: nothing reaches 0.99
     assert model.training  # the model's mode is restored
+
+
+def test_a_large_image_is_shrunk_to_a_tile_not_magnified(tmp_path):
+    tiles = [{"pixels": np.zeros((600, 800, 3), dtype=np.uint8), "image_id": 1, "truth": [([100, 100, 300, 300], "cat")],
+              "detections": [([110, 90, 310, 290], "cat", 0.8)]}]
+    V.plot_detections(tiles, tmp_path / "big.png", score=0.5)
+    w, h = Image.open(tmp_path / "big.png").size
+    assert V.TILE_PX <= w <= 1.2 * V.TILE_PX + 50 and h <= 2 * V.TILE_PX  # one tile of about TILE_PX, not 3,200 px

@@ -2,7 +2,8 @@
 
 ``draw_predictions`` runs the model on the first ``n`` images of a data set and ``plot_detections``
 draws them, one tile per image in a grid of up to three columns, each image magnified ``SCALE``
-times (a 64-96 px image becomes 256-384 px, pixels kept sharp):
+times (a 64-96 px image becomes 256-384 px, pixels kept sharp), or less so that the longest side
+stays within ``TILE_PX`` (a COCO image of 800 px is drawn at 0.48x, not 3,200 px wide):
 
 * true boxes: green, dashed, with their class name above the box;
 * predictions with a score of at least ``score`` (``task.vis_score``): red, solid, with class and
@@ -25,7 +26,8 @@ from torchvision.ops import box_convert
 
 from vispe.models.detr.postprocess import postprocess
 
-SCALE = 4.0  # magnification of each image
+SCALE = 4.0  # magnification of small images
+TILE_PX = 384  # longest side of a tile's image in the picture, at most (large images are shrunk to it)
 TOP_K = 3  # predictions drawn for an image none of whose predictions reaches the threshold
 MAX_SHOWN = 10  # predictions drawn at most per image (the best)
 COLOURS = {"truth": "#00b000", "prediction": "#e00000", "top-k": "#ff8c00"}
@@ -116,7 +118,8 @@ def plot_detections(tiles: list[dict], path: str | Path, *, score: float, title:
     H = max(t["pixels"].shape[0] for t in tiles)
     W = max(t["pixels"].shape[1] for t in tiles)
     margin = max(0.12 * H, 8.0)  # above and below the image, for the labels of boxes at an edge
-    tile_w, tile_h = W * SCALE / DPI, (H + 2 * margin) * SCALE / DPI + 0.35  # inches; + the tile's title
+    zoom = min(SCALE, TILE_PX / max(H, W))
+    tile_w, tile_h = W * zoom / DPI, (H + 2 * margin) * zoom / DPI + 0.5  # inches; + the two-line title
     fig, axes = plt.subplots(rows, cols, figsize=(cols * tile_w, rows * tile_h + 0.9), dpi=DPI, squeeze=False)
     drawn = []
     for i, ax in enumerate(axes.flat):
@@ -125,7 +128,7 @@ def plot_detections(tiles: list[dict], path: str | Path, *, score: float, title:
             continue
         t = tiles[i]
         h, w = t["pixels"].shape[:2]
-        ax.imshow(t["pixels"], extent=(0, w, h, 0), interpolation="nearest")
+        ax.imshow(t["pixels"], extent=(0, w, h, 0), interpolation="nearest" if zoom >= 1 else "antialiased")
         ax.set_xlim(0, W)
         ax.set_ylim(H + margin, -margin)
         ax.set_facecolor("#e8e8e8")
@@ -159,7 +162,7 @@ def plot_detections(tiles: list[dict], path: str | Path, *, score: float, title:
         drawn.append({"tile": i, "kind": "note", "text": note, "box": None, "at": None})
     head = f"{title}: " if title else ""
     fig.suptitle(f"{head}true boxes and predictions with score \u2265 {score:g} (task.vis_score), "
-                 f"{SCALE:g}x magnified", fontsize=11)
+                 f"{zoom:.2g}x", fontsize=11)
     handles = [Line2D([], [], color=COLOURS["truth"], ls=STYLES["truth"], lw=2, label="truth: class"),
                Line2D([], [], color=COLOURS["prediction"], ls=STYLES["prediction"], lw=2,
                       label=f"prediction \u2265 {score:g}: class score"),
@@ -168,7 +171,7 @@ def plot_detections(tiles: list[dict], path: str | Path, *, score: float, title:
     legend = fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=9, frameon=False)
     drawn.append({"tile": None, "kind": "legend", "text": " | ".join(t.get_text() for t in legend.get_texts()),
                   "box": None, "at": None})
-    fig.tight_layout(rect=(0, 0.06 if rows == 1 else 0.04, 1, 0.97))
+    fig.tight_layout(rect=(0, 0.06 if rows == 1 else 0.04, 1, 0.97), h_pad=1.2)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)
     plt.close(fig)
