@@ -3,10 +3,10 @@
     python train.py                                            # embedded default (configs/default.yaml)
     python train.py --config configs/cifar10_vit.yaml model.pe=rope_mixed train.epochs=100
     python train.py --config configs/cifar10_vit.yaml --smoke  # the config's tiny variant
-    python train.py --resume                                   # continue runs/default after a stop or crash
-    python train.py --config runs/default/config.yaml --resume # the same, from the stored config
+    python train.py --config runs/default/config.yaml --resume # continue a run after a stop or crash
     torchrun --nproc_per_node 4 train.py --config configs/cifar10_vit.yaml
 
+``python`` is the project environment's (README: activate .venv, or write python3 bootstrap.py).
 Each override is ``section.key=value`` (see vispe/train/config.py for every key); a misspelt key
 or a wrong type is refused. The run folder ``runs/<train.run_name>/`` receives the resolved config,
 and one sub-folder per encoding (``model.pe`` then ``train.compare``) with its checkpoint,
@@ -40,6 +40,8 @@ from vispe.train.runner import SetupError, build_data, build_model, run_encoding
 from vispe.train.tasks import get_task
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
+#: how to continue a stopped run, as the README writes it (its stored config: any overrides included)
+RESUME_HINT = "python train.py --config {config} --resume"
 USER_ERRORS = (C.ConfigError, CheckpointError, rundir.RunFolderError, SetupError)
 
 
@@ -118,7 +120,7 @@ def main(argv=None) -> int:
     except Interrupted:
         if dist.is_main:
             stored = rundir.run_dir(cfg) / "config.yaml"
-            print(f"stopped: checkpoint saved. Continue with: python train.py --config {stored} --resume",
+            print(f"stopped: checkpoint saved. Continue with: {RESUME_HINT.format(config=stored)}",
                   file=sys.stderr, flush=True)
         return 130
     finally:

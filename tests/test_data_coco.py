@@ -268,7 +268,7 @@ def test_boxes_outside_the_image_are_clamped_or_dropped_as_detr(mini, tmp_path):
         w, h = img["width"], img["height"]
         anns[0]["bbox"] = [w - 5, 2, 20, 10]  # reaches out on the right: clamped to 5 pixels wide
         anns[1]["bbox"] = [-3, -4, 10, 10]  # above-left: clamped to 7 x 6
-        extra = [[w + 5, 2, 10, 10], [3, 3, 0, 10], [10, 3, -4, 8], [2, h, 5, 5]]  # outside / zero / negative size
+        extra = [[w + 5, 2, 10, 10], [3, 3, 0, 10], [10, 3, 4, 0], [2, h, 5, 5]]  # outside / zero width / height / below
         data["annotations"] += [{**anns[0], "id": 900 + k, "bbox": box} for k, box in enumerate(extra)]
 
     root, data = edited(mini, tmp_path, edit)
@@ -283,12 +283,17 @@ def test_boxes_outside_the_image_are_clamped_or_dropped_as_detr(mini, tmp_path):
     np.testing.assert_allclose(sorted(target_xyxy(t).tolist()), sorted(want), atol=1e-4)
 
 
-@pytest.mark.parametrize("case", ["category", "empty", "not_json", "bbox", "image_id", "duplicate", "no_key"])
+@pytest.mark.parametrize("case", ["category", "empty", "not_json", "bbox", "negative_width", "negative_height",
+                                  "image_id", "duplicate", "no_key"])
 def test_bad_annotation_files_are_named(mini, tmp_path, case):
     edits = {
         "category": (lambda d: d["annotations"][2].update(category_id=99), r"annotation id \d+ has category_id=99"),
         "empty": (lambda d: d.update(annotations=[]), "empty 'annotations' list"),
         "bbox": (lambda d: d["annotations"][0].update(bbox=[1, 2, 3]), r"bbox=\[1, 2, 3\]"),
+        # a negative size is malformed, not merely outside: refused as the README says (issue 28, item 12)
+        "negative_width": (lambda d: d["annotations"][1].update(bbox=[10, 3, -4, 8]),
+                           r"annotation id \d+ has bbox=\[10, 3, -4, 8\]: expected .*width and height >= 0"),
+        "negative_height": (lambda d: d["annotations"][1].update(bbox=[10, 3, 4, -0.5]), r"bbox=\[10, 3, 4, -0.5\]"),
         "image_id": (lambda d: d["annotations"][0].update(image_id=12345), "image_id=12345"),
         "duplicate": (lambda d: d["annotations"][1].update(id=d["annotations"][0]["id"]), "appears twice"),
         "no_key": (lambda d: d.pop("categories"), "no 'categories' list"),

@@ -237,7 +237,7 @@ def test_bad_images_and_masks_are_refused_by_name():
         model(x, torch.zeros(2, 64, 95, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"mask has dtype torch.int64: expected torch.bool"):
         model(x, torch.zeros(2, 64, 96, dtype=torch.int64))
-    with pytest.raises(ValueError, match=r"mask has shape \(3, 64, 96\): expected \(2, 64, 96\), one mask per image"):
+    with pytest.raises(ValueError, match=r"mask has shape \(3, 64, 96\): expected \(2, 64, 96\), one mask per image of images"):
         model(x, torch.zeros(3, 64, 96, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"images has shape \(3, 64, 96\)"):
         model(x[0])

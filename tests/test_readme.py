@@ -66,6 +66,26 @@ def test_bash_command_names_existing_files_and_a_valid_train_config(line):
     train = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train)
     args = train.parse_args(words[words.index("train.py") + 1:])
+    if args.config and "<run_name>" in args.config:  # a run's stored config (written by the run)
+        assert args.config == "runs/<run_name>/config.yaml" and args.resume
+        return
     cfg = C.load_config(ROOT / args.config if args.config else train.DEFAULT_CONFIG, args.overrides, smoke=args.smoke)
     for pe in C.encodings(cfg):
         vispe.registry.get(pe)  # an unknown encoding name is a ValueError
+
+
+def test_commands_after_the_quickstart_use_one_python_stated_once():
+    """One way to run things (issue 28, item 8): the Quickstart runs bootstrap.py; every later
+    command says `python`, the environment's, which the README says how to get once; train.py's
+    resume hint is the README's command."""
+    text = (ROOT / "README.md").read_text()
+    after = text.split("## Use", 1)[1]
+    assert "python3 bootstrap.py train.py" not in after and "python3 bootstrap.py bench" not in after
+    assert text.count("source .venv/bin/activate") == 1
+    lines = [line for block in re.findall(r"^```bash\n(.*?)^```", after, flags=re.S | re.M)
+             for line in block.splitlines() if line.strip() and not line.startswith("#")]
+    assert lines and all(line.startswith(("python ", "torchrun ")) for line in lines), lines
+    spec = importlib.util.spec_from_file_location("train_script_hint", ROOT / "train.py")
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    assert train.RESUME_HINT.format(config="runs/<run_name>/config.yaml") in text

@@ -184,3 +184,36 @@ def test_presets_are_timm_models_with_features_and_intermediates(tmp_path):
         torch.testing.assert_close(again.eval()(x), ten.eval()(x))
     with pytest.raises(ValueError, match="no pretrained weights"):
         timm.create_model("vispe_pico", pretrained=True)
+
+
+@pytest.mark.parametrize("name, kw", [
+    ("vit_tiny_patch16_224", dict(img_size=32, patch_size=8, depth=1, num_classes=3)),
+    ("eva02_tiny_patch14_224", dict(img_size=28, patch_size=14, depth=1, num_classes=3)),
+])
+def test_convert_vit_converts_in_place_and_returns_the_same_model(name, kw):
+    """As documented (README, convert_vit; issue 28, item 11): the object passed in is the converted
+    model, with the same parameter tensors; a deepcopy taken before keeps the original."""
+    import copy
+
+    import timm
+
+    from vispe.models.vit import convert_vit
+
+    torch.manual_seed(0)
+    m = timm.create_model(name, pretrained=False, **kw).eval()
+    original = copy.deepcopy(m)
+    ptrs = {n: p.data_ptr() for n, p in m.named_parameters()}
+    out = convert_vit(m, pe="rope_axial")
+    assert out is m and type(m).__name__.startswith("Vispe")
+    assert [n for n, p in out.named_parameters() if n in ptrs and p.data_ptr() != ptrs[n]] == []  # not copied
+    assert type(original).__module__.startswith("timm") and not type(original).__name__.startswith("Vispe")
+
+
+def test_convert_vit_of_a_naflexvit_builds_a_new_model_that_takes_over_its_blocks():
+    import timm
+
+    from vispe.models.vit import convert_vit
+
+    m = timm.create_model("naflexvit_base_patch16_gap", embed_dim=32, depth=1, num_heads=2, num_classes=3)
+    out = convert_vit(m)
+    assert out is not m and out.blocks is m.blocks and out.head is m.head  # shared: documented, do not reuse m

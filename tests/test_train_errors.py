@@ -193,3 +193,60 @@ def test_non_finite_inputs_stop_training_with_a_message_about_the_data(tmp_path,
     err = capsys.readouterr().err
     assert err.startswith("train.py: error: ")
     assert "NaN or inf" in err and "input" in err and "data.name='digits_cell'" in err, err
+
+
+# --- errors name config keys, not Python arguments (issue 28, item 7) ------------------------------
+@pytest.fixture(scope="module")
+def mini_coco(tmp_path_factory):
+    from vispe.data.miniature_coco import write_miniature_coco
+
+    return write_miniature_coco(tmp_path_factory.mktemp("coco"), n_images=3, seed=0)
+
+
+def _detr(tmp_path, coco, *extra):
+    """configs/shapes_detr.yaml (sine with DAB-DETR's temperature 20, small_cnn widths [16, 32, 64]) on a miniature COCO."""
+    return ["--config", str(ROOT / "configs/shapes_detr.yaml"), "data.name=coco", f"data.root={coco}",
+            "data.img_size=48", "data.max_size=80", f"train.out_dir={tmp_path}", "train.progress=false", *extra]
+
+
+@pytest.mark.parametrize("extra, fragments, python_words", [
+    (["model.pe=learned_abs"],  # the file's sine setting is not one of learned_abs's
+     ["unexpected setting model.pe_kwargs.temperature", "model.pe_kwargs={}"], "keyword argument 'temperature'"),
+    (["model.pe=learned_abs", "model.pe_kwargs={}"],  # replaces the file's settings; the table needs a grid
+     ["'detr.grid'", "set detr.grid=", "feature grid"], "argument: 'grid'"),
+    (["detr.backbone=resnet18"],
+     ["detr.backbone_widths=[16, 32, 64]: only detr.backbone='small_cnn' takes widths", "detr.backbone_widths=null"],
+     "backbone_widths=(16, 32, 64)"),
+], ids=["pe_kwargs", "grid", "backbone_widths"])
+def test_detr_build_errors_name_the_config_keys(tmp_path, capsys, mini_coco, extra, fragments, python_words):
+    err = _fails(_detr(tmp_path, mini_coco, *extra), capsys, *fragments)
+    assert python_words not in err
+    assert not list(tmp_path.iterdir())  # refused before anything is written
+
+
+def test_a_grid_sized_encoding_builds_once_the_named_key_is_set(mini_coco):
+    cfg = C.load_config(ROOT / "configs/shapes_detr.yaml", ["model.pe=learned_abs", "model.pe_kwargs={}",
+                                                           "detr.grid=[6,6]"])
+    assert dict(cfg.model.pe_kwargs) == {}  # `{}` replaced the file's {temperature: 20}
+    task = get_task(cfg.task)
+    model = task.model(cfg, task.info(C.load_config(ROOT / "configs/shapes_detr.yaml",
+                                                    ["data.name=coco", f"data.root={mini_coco}"])), 48)
+    assert model.pe_name == "learned_abs" and tuple(model.pe.grid) == (6, 6)
+    added = C.load_config(ROOT / "configs/shapes_detr.yaml", ["model.pe_kwargs.normalize=true"])
+    assert dict(added.model.pe_kwargs) == {"temperature": 20, "normalize": True}  # a sub-key still adds one
+
+
+def test_a_list_key_given_one_word_says_how_to_write_a_list(capsys):
+    err = _fails(["train.compare=none"], capsys, "config key train.compare='none'", "train.compare=[none]",
+                 "train.compare=[]")
+    assert "AnyNode" not in err and "ListConfig" not in err
+
+
+def test_an_unknown_encoding_suggests_the_names_it_is_part_of(tmp_path, capsys):
+    err = _fails([f"train.out_dir={tmp_path}", *TINY, "model.pe=rope"], capsys, "unknown encoding 'rope'")
+    assert "did you mean rope_axial, rope_mixed" in err
+    from vispe.sweep.cli import main as sweep_main
+
+    assert sweep_main(["--config", str(ROOT / "configs/digits_cell.yaml"), "--pe", "rope,sine", "--seeds", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "'rope': did you mean rope_axial, rope_mixed" in err, err

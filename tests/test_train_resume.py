@@ -49,14 +49,21 @@ def _results(run: Path):
     return final, summary["eval"], rows, weights
 
 
-def _tensorboard(run: Path) -> dict:
-    """Every TensorBoard scalar of the run as it reads back: {tag: [(step, value), ...]} (timings left out)."""
+def _scalars(tb: Path) -> dict:
+    """Every TensorBoard scalar in folder ``tb`` in the order TensorBoard reads them back (after its
+    purge of orphaned steps): {tag: [(step, wall_time, value), ...]} (timings left out)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(run / "learned_abs" / "tb"), size_guidance={"scalars": 0})
+    acc = EventAccumulator(str(tb), size_guidance={"scalars": 0})
     acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]
+    return {tag: [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]
             if not tag.endswith(TIMING)}
+
+
+def _tensorboard(run: Path) -> dict:
+    """{tag: [(step, value), ...]} sorted by step, then wall time (independent of the files' order,
+    which test_a_resumed_run_s_events_read_back_after_the_stopped_run_s checks on its own)."""
+    return {tag: [(s, v) for s, _, v in sorted(rows)] for tag, rows in _scalars(run / "learned_abs" / "tb").items()}
 
 
 def _assert_same_tensorboard(straight: Path, resumed: Path):
@@ -96,7 +103,9 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_equals_uninterrupted(setup, monkey
     tmp, args, main = setup
     monkeypatch.setenv("VISPE_TEST_SIGNAL_AT_STEP", "5:INT")  # Ctrl-C during epoch 1
     assert main(args + ["train.run_name=ctrlc"]) == 130
-    assert "--resume" in capsys.readouterr().err
+    # the README's command (issue 28, item 8), with the run's stored config
+    assert f"Continue with: python train.py --config {tmp / 'runs' / 'ctrlc' / 'config.yaml'} --resume" in \
+        capsys.readouterr().err
     state = torch.load(tmp / "runs/ctrlc/learned_abs/checkpoint.pt", weights_only=True)
     assert state["progress"]["step"] == 5 and state["progress"]["batch"] == 5
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
@@ -104,6 +113,33 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_equals_uninterrupted(setup, monkey
     assert main(args + ["train.run_name=ctrlc", "--resume"]) == 0
     _assert_same(_results(tmp / "runs" / "straight"), _results(tmp / "runs" / "ctrlc"))
     _assert_same_tensorboard(tmp / "runs" / "straight", tmp / "runs" / "ctrlc")
+
+
+def test_a_resumed_run_s_events_read_back_after_the_stopped_run_s(tmp_path):
+    """TensorBoard reads event files in name order, and the name starts with the creation second: a
+    writer created in the same second as the stopped one (a resume in the same process) or on a
+    machine whose clock is behind must still come last, or its steps read back first and the stopped
+    run's orphaned steps are not purged (issue 28, item 5)."""
+    import time
+
+    from vispe.train.logging import RunLog
+
+    log = RunLog(tmp_path)  # the stopped run: steps 1-5 checkpointed at 4, step 5 orphaned
+    for step in range(1, 6):
+        log.scalars(step, {"loss": float(step)}, "train")
+    log.close()
+    (old,) = (tmp_path / "tb").glob("*tfevents*")
+    # as if written one second from now (a clock ahead, or the same second with a name that sorts after ours)
+    ahead = int(time.time()) + 1
+    old.rename(old.with_name(f"events.out.tfevents.{ahead:010d}.zzzz.99999.99"))
+    log = RunLog(tmp_path, purge_step=5)
+    for step in range(5, 8):
+        log.scalars(step, {"loss": 10.0 * step}, "train")
+    log.close()
+    names = sorted(f.name for f in (tmp_path / "tb").glob("*tfevents*"))
+    assert names[0].startswith(f"events.out.tfevents.{ahead:010d}.zzzz"), names
+    rows = _scalars(tmp_path / "tb")["train/loss"]
+    assert [(s, v) for s, _, v in rows] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 50.0), (6, 60.0), (7, 70.0)]
 
 
 def test_resume_of_a_finished_run_trains_nothing_and_can_extend_it(setup, capsys):

@@ -130,7 +130,7 @@ def test_bad_input_is_refused_clearly():
         create_vit("vit_pico", pe="none", img_size=30, patch_size=4)
     with pytest.raises(ValueError, match="head_dim"):
         create_vit("vit_pico", pe="rope_axial", embed_dim=36, num_heads=6, img_size=16, patch_size=4)  # head_dim 6
-    with pytest.raises(ValueError, match=r"image size \(H, W\)=\(18, 16\)"):
+    with pytest.raises(ValueError, match=r"x has size \(H, W\)=\(18, 16\): expected multiples of the patch size"):
         tiny("none")(torch.randn(1, 3, 18, 16))
     with pytest.raises(ValueError, match="unknown encoding"):
         tiny("rope2d")

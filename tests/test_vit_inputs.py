@@ -84,9 +84,9 @@ def test_an_all_padding_image_is_refused():
 
 @pytest.mark.parametrize("x, mask, match", [
     (torch.randn(3, 16, 16), None, r"x has shape \(3, 16, 16\): expected \(B, C, H, W\)"),
-    (torch.randn(1, 3, 0, 0), None, r"x has shape \(1, 3, 0, 0\): expected .*H, W > 0"),
+    (torch.randn(1, 3, 0, 0), None, r"x has shape \(1, 3, 0, 0\): expected B, H and W of at least 1"),
     (torch.randn(1, 1, 16, 16), None, r"x has 1 channels.*expected in_chans=3"),
-    (torch.randn(2, 3, 16, 16), torch.zeros(3, 16, 16, dtype=torch.bool), r"mask has batch size 3: expected x's 2"),
+    (torch.randn(2, 3, 16, 16), torch.zeros(3, 16, 16, dtype=torch.bool), r"mask has shape \(3, 16, 16\): expected \(2, 16, 16\), one mask per image of x"),
     (torch.randn(2, 3, 16, 16), torch.zeros(2, 16, 12, dtype=torch.bool), r"mask has shape \(2, 16, 12\)"),
     ([[1.0]], None, r"x is a list: expected a torch.Tensor"),
 ], ids=["3d", "empty", "channels", "mask-batch", "mask-shape", "not-a-tensor"])

@@ -1,11 +1,15 @@
 """``python -m vispe``: the registered encodings, one line each (name, family, mask-aware, summary).
 
+``python -m vispe explain [options]``: which attention kernel each layer of a ViT ran
+(``vispe.models.explain_cli``; ``python -m vispe explain -h`` lists the options).
+
 Mask-aware: "yes" (always), "no", or "option: <setting>" when a setting makes it so
 (``PositionEncoding.mask_aware_option``).
 """
 from __future__ import annotations
 
 import inspect
+import sys
 
 from vispe.registry import available, get
 
@@ -27,5 +31,20 @@ def table() -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["explain"]:
+        from vispe.models.explain_cli import main as explain_main
+
+        return explain_main(argv[1:])
+    if argv:
+        print(f"usage: python -m vispe            (the registered encodings)\n"
+              f"       python -m vispe explain -h (which attention kernel each layer ran)\n"
+              f"python -m vispe: error: unknown command {argv[0]!r}", file=sys.stderr)
+        return 2
     print(table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

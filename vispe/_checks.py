@@ -78,3 +78,48 @@ def last_dim(name: str, tensor: torch.Tensor, size: int) -> torch.Tensor:
     if tensor.shape[-1] != size:
         raise ValueError(f"{name} has shape {tuple(tensor.shape)}: expected last dimension {size}")
     return tensor
+
+
+def images(name: str, x, mask=None, *, in_chans: int | None = None, multiple_of: tuple[int, int] | None = None,
+           check_finite: bool = False) -> None:
+    """Refuse a batch of images ``x`` (B, C, H, W) and padding mask (B, H, W) a model cannot run on.
+
+    The one rule set of every vispe model (ViT and DETR): a float tensor of 4 dimensions with B, H, W
+    of at least 1 (an integer image, e.g. uint8 pixels, is refused: convert and normalise it as the
+    model was trained), ``in_chans`` channels and H, W multiples of ``multiple_of`` when given; a bool
+    mask (True = padding) of x's batch and size with at least one valid pixel per image; with
+    ``check_finite``, no NaN or inf pixel (padded pixels included: they go through the first layer).
+    The checks of values (all-padding, finite) run in eager mode only: while torch.compile or
+    torch.export records the model they would be data-dependent branches.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} is a {type(x).__name__}: expected a torch.Tensor (B, C, H, W)")
+    if x.dim() != 4:
+        raise ValueError(f"{name} has shape {tuple(x.shape)}: expected (B, C, H, W), a batch of images")
+    if not x.is_floating_point():
+        raise ValueError(f"{name} has dtype {x.dtype}: expected a floating-point tensor (convert integer pixels, "
+                         f"e.g. {name}.float() / 255, and normalise them as the model was trained)")
+    B, C, H, W = x.shape
+    if B == 0 or H == 0 or W == 0:
+        raise ValueError(f"{name} has shape {tuple(x.shape)}: expected B, H and W of at least 1")
+    if in_chans is not None and C != in_chans:
+        raise ValueError(f"{name} has {C} channels (shape {tuple(x.shape)}): expected in_chans={in_chans}")
+    if multiple_of is not None and (H % multiple_of[0] or W % multiple_of[1]):
+        raise ValueError(f"{name} has size (H, W)=({H}, {W}): expected multiples of the patch size {tuple(multiple_of)}")
+    if mask is not None:
+        mask_for("mask", mask, (H, W))
+        if mask.shape[0] != B:
+            raise ValueError(f"mask has shape {tuple(mask.shape)}: expected ({B}, {H}, {W}), one mask per image "
+                             f"of {name}")
+    if _tracing.is_tracing():
+        return
+    if mask is not None:
+        empty = mask.flatten(1).all(1)  # (B,)
+        if empty.any():
+            i = int(empty.nonzero()[0])
+            raise ValueError(f"mask[{i}] is all padding: expected at least one valid (False) pixel per image")
+    if check_finite:
+        bad = ~torch.isfinite(x).flatten(1).all(1)  # (B,)
+        if bad.any():
+            raise ValueError(f"{name} holds NaN or inf in image(s) {bad.nonzero()[:, 0].tolist()}: expected finite "
+                             "pixel values (check the data; check_finite=True)")

@@ -32,10 +32,20 @@ def get(name: str) -> type:
     """The class registered under ``name``; an unknown name lists the known ones."""
     _load_builtin()
     if name not in _REGISTRY:
-        near = difflib.get_close_matches(str(name), list(_REGISTRY), n=3)
+        near = suggest(name)
         hint = f" (did you mean {', '.join(near)}?)" if near else ""
         raise ValueError(f"unknown encoding {name!r}{hint}; known encodings: {', '.join(available())}")
     return _REGISTRY[name]
+
+
+def suggest(name: str, n: int = 4) -> list[str]:
+    """Registered names near ``name``: those it starts or is a part of ("rope" -> rope_axial,
+    rope_mixed), then the closest spellings ("sinee" -> sine)."""
+    _load_builtin()
+    name = str(name).lower()
+    parts = [k for k in available() if name and (k.startswith(name) or name in k.split("_"))]
+    close = difflib.get_close_matches(name, available(), n=n)
+    return list(dict.fromkeys(parts + close))[:n]
 
 
 def build(name: str, **kwargs):

@@ -16,15 +16,17 @@ Checks (each a clear error naming the path, the annotation or image id and the v
   file that is not JSON or lacks ``images`` / ``annotations`` / ``categories``; an empty
   ``annotations`` list (nothing to learn or evaluate); an annotation whose ``category_id`` is not
   among the file's categories, whose ``image_id`` is not an image of the file, whose ``bbox`` is
-  not 4 finite numbers, whose ``iscrowd`` is not 0 or 1; duplicate ids; an image file listed but
-  absent (ValueError, FileNotFoundError).
+  not 4 finite numbers or has a negative width or height, whose ``iscrowd`` is not 0 or 1;
+  duplicate ids; an image file listed but absent (ValueError, FileNotFoundError).
 * when an image is read: a file that cannot be decoded (truncated or corrupt) or whose size is
   not the JSON's ``width`` x ``height`` (ValueError naming the file and image id).
 
-Boxes outside their image or of zero/negative size get DETR's handling: clamped to the image,
-and dropped from the training target when no area is left; one warning at construction counts
-them and names a few annotation ids. COCOeval still sees every annotation through ``.coco``, as
-in DETR. Annotations without ``iscrowd`` get 0 and without ``area`` the box area (COCOeval needs
+A box of negative width or height is malformed (no box has one) and refused, where torchvision's
+detection reference (``ConvertCocoPolysToMask``) drops it silently and pycocotools does not look.
+Boxes that reach outside their image, or have zero width or height, are real annotations (COCO 2017
+holds some) and get DETR's and torchvision's handling: clamped to the image, and dropped from the
+training target when no area is left; one warning at construction counts them and names a few
+annotation ids. COCOeval still sees every annotation through ``.coco``, as in DETR. Annotations without ``iscrowd`` get 0 and without ``area`` the box area (COCOeval needs
 it), in the in-memory copy only.
 """
 from __future__ import annotations
@@ -141,6 +143,10 @@ def read_instances(ann_file: Path) -> dict:
         if not (isinstance(box, list) and len(box) == 4 and all(_is_number(v) for v in box)):
             raise ValueError(f"{where}: annotation id {aid} has bbox={box!r}: expected [x, y, w, h], "
                              "4 finite numbers")
+        if box[2] < 0 or box[3] < 0:  # malformed, not merely outside the image (module doc)
+            raise ValueError(f"{where}: annotation id {aid} has bbox={box!r}: expected [x, y, w, h] with width and "
+                             "height >= 0 (a negative size is a malformed box; torchvision's detection reference "
+                             "would drop it silently and pycocotools does not check it)")
         ann.setdefault("iscrowd", 0)
         if ann["iscrowd"] not in (0, 1) or isinstance(ann["iscrowd"], bool):
             raise ValueError(f"{where}: annotation id {aid} has iscrowd={ann['iscrowd']!r}: expected 0 or 1")

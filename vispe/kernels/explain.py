@@ -2,7 +2,7 @@
 
     rows = explain(model, images)                     # forward only
     rows = explain(model, images, backward=True)      # also the backward kernel of each layer
-    python -m vispe.kernels.explain --pe relbias --train --backward
+    python -m vispe explain --pe relbias --train --backward   # the command line (vispe.models.explain_cli)
 
 Every attention layer (vispe's ``Attention``, or ``layer_types``) is wrapped in a profiler range
 named after its module path; the kernel is the aten operator torch dispatched to inside that range:
@@ -21,7 +21,6 @@ found through the autograd sequence number that links a forward operator to its 
 """
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 
 import torch
@@ -124,40 +123,7 @@ def explain(model: nn.Module, *inputs, backward: bool = False, layer_types: tupl
     return [rows[name] for name, _ in layers]
 
 
-def main(argv=None) -> None:
-    from vispe.models.vit import create_vit
+if __name__ == "__main__":  # the command line builds a model, so it lives above the models (imports go one way)
+    import runpy
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="vit_cifar")
-    ap.add_argument("--pe", default="relbias")
-    ap.add_argument("--img-size", type=int, default=32)
-    ap.add_argument("--patch-size", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--bf16", action="store_true", help="under bf16 autocast")
-    ap.add_argument("--train", action="store_true", help="training mode (gradients on)")
-    ap.add_argument("--backward", action="store_true", help="also report the backward kernels")
-    ap.add_argument("--rope-impl", default=None)
-    ap.add_argument("--bias-impl", default=None)
-    ap.add_argument("--pad", type=int, default=0, help="pad this many pixel columns of image 0 (a padding mask)")
-    args = ap.parse_args(argv)
-    from vispe.kernels import set_impl
-
-    m = create_vit(args.model, pe=args.pe, img_size=args.img_size, patch_size=args.patch_size).to(args.device)
-    m.train(args.train)
-    set_impl(m, rope=args.rope_impl, bias=args.bias_impl)
-    x = torch.randn(args.batch, 3, args.img_size, args.img_size, device=args.device)
-    mask = None
-    if args.pad:
-        mask = torch.zeros(args.batch, args.img_size, args.img_size, dtype=torch.bool, device=args.device)
-        mask[0, :, -args.pad:] = True
-    with torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.bf16), torch.set_grad_enabled(args.train):
-        rows = explain(m, x, backward=args.backward and args.train, mask=mask)
-    print(f"# {args.model} pe={args.pe} on {args.device}{' bf16' if args.bf16 else ''}, "
-          f"{'training' if args.train else 'eval'}, torch {torch.__version__}")
-    for r in rows:
-        print(f"{r.layer:<20} {r.kernel:<16}" + (f" backward: {', '.join(r.backward)}" if r.backward else ""))
-
-
-if __name__ == "__main__":
-    main()
+    runpy.run_module("vispe.models.explain_cli", run_name="__main__", alter_sys=True)

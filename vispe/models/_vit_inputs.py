@@ -1,9 +1,10 @@
 """What a vispe ViT does with its input and padding mask (private to ``vispe.models.vit``).
 
 * ``check_images``: a ValueError naming the argument, the value and what was expected for
-  anything the model cannot run on (not a 4-D tensor, an empty image, wrong channels, a size that
-  is not a multiple of the patch size, a mask of another shape or batch, an image that is all
-  padding) and, when asked (``check_finite``), NaN or inf pixels.
+  anything the model cannot run on (not a 4-D float tensor, an empty image, wrong channels, a size
+  that is not a multiple of the patch size, a mask of another shape or batch, an image that is all
+  padding) and, when asked (``check_finite``), NaN or inf pixels: ``vispe._checks.images``, the
+  rules DETR shares.
 * ``patch_mask``: the rule from pixels to patches: a patch is padding when ALL its pixels are.
 * ``masked_pool``: timm's global pooling over the valid tokens only.
 """
@@ -17,31 +18,9 @@ MASKED_POOLS = ("avg", "max", "avgmax", "map")
 
 
 def check_images(x, mask, *, patch_size: tuple[int, int], in_chans: int, check_finite: bool = False) -> None:
-    """Refuse images ``x`` (B, C, H, W) and padding mask (B, H, W) a ViT cannot run on."""
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(f"x is a {type(x).__name__}: expected a torch.Tensor (B, C, H, W)")
-    if x.dim() != 4:
-        raise ValueError(f"x has shape {tuple(x.shape)}: expected (B, C, H, W), a batch of images")
-    B, C, H, W = x.shape
-    if H == 0 or W == 0:
-        raise ValueError(f"x has shape {tuple(x.shape)}: expected images of H, W > 0 (multiples of {patch_size})")
-    if C != in_chans:
-        raise ValueError(f"x has {C} channels (shape {tuple(x.shape)}): expected in_chans={in_chans}")
-    if H % patch_size[0] or W % patch_size[1]:
-        raise ValueError(f"image size (H, W)=({H}, {W}): expected multiples of the patch size {patch_size}")
-    if mask is not None:
-        _checks.mask_for("mask", mask, (H, W))
-        if mask.shape[0] != B:
-            raise ValueError(f"mask has batch size {mask.shape[0]}: expected x's {B} (one mask per image)")
-        empty = mask.flatten(1).all(1)  # (B,)
-        if empty.any():
-            i = int(empty.nonzero()[0])
-            raise ValueError(f"mask[{i}] is all padding: expected at least one valid (False) pixel per image")
-    if check_finite:
-        bad = ~torch.isfinite(x).flatten(1).all(1)  # (B,)
-        if bad.any():
-            raise ValueError(f"x holds NaN or inf in image(s) {bad.nonzero()[:, 0].tolist()}: expected finite "
-                             "pixel values (check the data; check_finite=True)")
+    """Refuse images ``x`` (B, C, H, W) and padding mask (B, H, W) a ViT cannot run on (the rules
+    every vispe model shares: ``vispe._checks.images``)."""
+    _checks.images("x", x, mask, in_chans=in_chans, multiple_of=patch_size, check_finite=check_finite)
 
 
 def patch_mask(mask: torch.Tensor, patch_size) -> torch.Tensor:

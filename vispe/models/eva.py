@@ -90,7 +90,11 @@ class VispeEva(TokenLoop, TimmPosEmbedKeys, Eva):
     Checkpoint keys: Eva's own, plus the encoding's (``blocks.i.attn.pe.*`` per layer, ``pe.*``);
     ``learned_abs`` is saved and read under timm's ``pos_embed`` (``vispe.models._timm_keys``), and
     timm's ``rope.freqs`` of a mixed RoPE is read into the layers' ``rope_mixed`` frequencies.
+    Input checks are every vispe model's (``vispe._checks.images``).
     """
+
+    #: refuse NaN / inf pixels (opt-in, as VispeViT's: costs one pass over the input per call)
+    check_finite: bool = False
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         key = prefix + "rope.freqs"
@@ -181,15 +185,14 @@ class VispeEva(TokenLoop, TimmPosEmbedKeys, Eva):
 
     # --- the token loop ------------------------------------------------------------------------
     def _tokens(self, x: torch.Tensor, mask: torch.Tensor | None):
-        B, _, H, W = x.shape
         ph, pw = self.patch_embed.patch_size
-        if H % ph or W % pw:
-            raise ValueError(f"image size (H, W)=({H}, {W}): expected multiples of the patch size {(ph, pw)}")
+        _checks.images("x", x, mask, in_chans=self.patch_embed.proj.in_channels, multiple_of=(ph, pw),
+                       check_finite=self.check_finite)  # the ViT's rules
+        B, _, H, W = x.shape
         h, w = H // ph, W // pw
         x = self.patch_embed(x).reshape(B, h * w, -1)  # (B, N, C), NHWC or flattened
         grid_mask = None
         if mask is not None:
-            _checks.mask_for("mask", mask, (H, W))
             grid_mask = resize_mask(mask, (h, w))  # (B, h, w)
         prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
         prefix = torch.cat(prefix, dim=1) if prefix else x[:, :0]  # (B, P, C)

@@ -132,6 +132,15 @@ def convert_vit(model: VisionTransformer, pe: str | None = None, *, pe_kwargs: d
                 pe_at: str = "input", peg_blocks: tuple[int, ...] = (0,), keep_abs_pos: bool | None = None):
     """Give an existing timm model a vispe encoding, in place (weights and state_dict keys kept).
 
+    In place, on purpose: the model passed in *is* the converted model afterwards (same object,
+    same parameter tensors; its class, blocks and position encoding change), and it is returned for
+    chaining. A pretrained ViT-L is 1.2 GB in float32: a copy would hold it twice, and references
+    already taken to the model or its parameters (an optimiser, hooks, ``.to()`` done before) stay
+    valid. To keep the original, convert ``copy.deepcopy(model)``. Two conversions build a new
+    model instead (their layout differs): transformers' ``DINOv3ViTModel`` (weights copied, the
+    original untouched) and timm's ``NaFlexVit`` (the new model takes over its blocks, norms and
+    head, shared and converted in place: do not use the NaFlexVit afterwards).
+
     A ``VisionTransformer`` (or DeiT's ``VisionTransformerDistilled``): its blocks and attention
     layers become vispe's subclasses (no new weights), the image size becomes dynamic, and its
     ``pos_embed`` becomes the ``learned_abs`` table if ``pe="learned_abs"`` (dropped otherwise);

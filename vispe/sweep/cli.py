@@ -66,7 +66,10 @@ def plan(args) -> tuple[Path, Path, list, list[str]]:
     pes = G.split_list(args.pe, "--pe")
     unknown = [pe for pe in pes if pe not in vispe.available()]
     if unknown:
-        raise ValueError(f"--pe: unknown encoding(s) {', '.join(unknown)}; expected names from "
+        from vispe.registry import suggest
+
+        hints = "".join(f" ({pe!r}: did you mean {', '.join(suggest(pe))}?)" for pe in unknown if suggest(pe))
+        raise ValueError(f"--pe: unknown encoding(s) {', '.join(unknown)}{hints}; expected names from "
                          f"{', '.join(vispe.available())}")
     G.check_overrides(args.overrides)
     points = G.expand(pes, G.parse_seeds(args.seeds), G.parse_vary(args.vary))

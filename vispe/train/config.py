@@ -83,6 +83,12 @@ def _merge(cfg: DictConfig, other: DictConfig, where: str) -> DictConfig:
         if "[" in key and (isinstance(value, (list, tuple)) or OmegaConf.is_list(value)):  # one list item
             value = list(value)[int(key.split("[")[1].rstrip("]"))]
         msg = str(e).splitlines()[0]
+        field = key.split("[")[0]
+        ftype = _field_type(field)
+        if ftype.startswith("List") and "[" not in key and not (
+                isinstance(value, (list, tuple)) or OmegaConf.is_list(value)):
+            raise ConfigError(f"config key {key}={value!r} in {where}: expected {ftype}, a list in brackets: "
+                              f"{key}=[{value}] for one item, {key}=[a,b] for two, {key}=[] for none") from None
         raise ConfigError(f"config key {key}={value!r} in {where}: expected "
                           f"{_field_type(key.split('[')[0])} ({msg})") from None
 
@@ -131,10 +137,24 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), *, sm
         if not cfg.smoke:
             raise ConfigError(f"--smoke: the config {str(path)!r} has no `smoke` list of overrides")
         cfg = _merge(cfg, parse_overrides(list(cfg.smoke), "the smoke list"), "the smoke list")
-    cfg = _merge(cfg, parse_overrides(list(overrides)), "command line")
+    cfg = _merge(_replaced_dicts(cfg, overrides), parse_overrides(list(overrides)), "command line")
     if cfg.train.run_name is None:
         cfg.train.run_name = stem + ("_smoke" if smoke else "")
     validate(cfg)
+    return cfg
+
+
+def _replaced_dicts(cfg: DictConfig, overrides) -> DictConfig:
+    """``cfg`` with the free dictionaries that ``overrides`` set whole (``model.pe_kwargs={}`` or
+    ``model.pe_kwargs={temperature: 20}``) emptied first: such an override replaces the dictionary of
+    the file instead of adding to it (``model.pe_kwargs.temperature=20`` still adds one key)."""
+    pairs = [item.split("=", 1) for item in overrides if "=" in item]
+    whole = [k.strip() for k, v in pairs if k.strip() in FREE_DICTS and v.strip().startswith("{")]
+    if not whole:
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    for key in whole:
+        OmegaConf.update(cfg, key, {}, merge=False)
     return cfg
 
 

@@ -9,8 +9,10 @@ True = padding, targets)`` from ``vispe.data.detection.collate_detection``; the 
 ``SetCriterion``; evaluation runs the criterion (test loss) and gathers every prediction as COCO
 result records (from every process), then ``vispe.data.coco_eval.coco_evaluate`` gives AP, AP50,
 AP75, APs, APm, APl on exactly the images evaluated. ``primary`` is AP. After each evaluation a
-picture of predicted (red) and true (green) boxes on the first ``task.vis_images`` validation
-images is written to ``predictions/epoch_NNN.png`` in the run folder.
+picture of true boxes (green, class names) and predictions (red, class and score; the top 3 in
+orange when none reaches ``task.vis_score``) on the first ``task.vis_images`` validation images,
+magnified 4x with a legend, is written to ``predictions/epoch_NNN.png`` in the run folder
+(``vispe.train.detection_vis``).
 """
 from __future__ import annotations
 
@@ -21,7 +23,15 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
+from vispe.train.config_words import reword
+
 LOSS_KEYS = ("loss", "loss_ce", "loss_bbox", "loss_giou")
+#: create_detr's arguments that are not detr.* keys, by config key (the errors name the keys)
+MODEL_KEYS = {"pe": "model.pe", "pe_kwargs": "model.pe_kwargs", "num_classes": "the data set's number of classes"}
+HINTS = {"detr.grid": "detr.grid=[h, w] is the backbone's feature grid the table is built for: data.img_size "
+                      "divided by its stride, e.g. [8, 8] for 64 px at stride 8",
+         "detr.backbone_widths": "detr.backbone_widths=null leaves it unset",
+         "model.pe_kwargs": "model.pe_kwargs={} replaces the settings the config file gives"}
 
 
 class DetectionTask:
@@ -75,9 +85,13 @@ class DetectionTask:
         from vispe.models.detr import HungarianMatcher, SetCriterion, create_detr
 
         t, m = cfg.task, OmegaConf.to_container(cfg.detr, resolve=True)
-        model = create_detr(info.num_classes, pe=cfg.model.pe, pe_kwargs=dict(cfg.model.pe_kwargs),
-                            **{k: (tuple(v) if k in ("grid", "backbone_widths") and v is not None else v)
-                               for k, v in m.items()})
+        try:
+            model = create_detr(info.num_classes, pe=cfg.model.pe, pe_kwargs=dict(cfg.model.pe_kwargs),
+                                **{k: (tuple(v) if k in ("grid", "backbone_widths") and v is not None else v)
+                                   for k, v in m.items()})
+        except (TypeError, ValueError) as e:  # worded by argument: name the config keys instead
+            settings = {**({m["dec_pe"]: "detr.dec_pe_kwargs"} if m["dec_pe"] else {}), cfg.model.pe: "model.pe_kwargs"}
+            raise ValueError(reword(str(e), {**{k: f"detr.{k}" for k in m}, **MODEL_KEYS}, settings, HINTS)) from e
         focal = dict(focal_alpha=t.focal_alpha, focal_gamma=t.focal_gamma) if model.class_head == "sigmoid" else {}
         matcher = HungarianMatcher(t.cost_class, t.cost_bbox, t.cost_giou, **focal)
         self.criterion = SetCriterion(info.num_classes, matcher, eos_coef=t.eos_coef, weight_ce=t.weight_ce,
@@ -142,7 +156,7 @@ class DetectionTask:
 
     @torch.no_grad()
     def visualize(self, model, dataset, path: str | Path, device) -> None:
-        """Predicted (red, with scores) and true (green) boxes on the first ``task.vis_images`` images, one PNG."""
+        """True and predicted boxes on the first ``task.vis_images`` images, one PNG (``detection_vis``)."""
         from vispe.train.detection_vis import draw_predictions
 
         if self.cfg.vis_images:

@@ -6,6 +6,15 @@ resumed has exactly one row per epoch. TensorBoard uses the optimiser step as x 
 tag; the runner flushes the events of a step before it writes that step's checkpoint, and on
 resume purges the events of later steps (``purge_step`` = checkpoint step + 1), so the scalars read
 back equal an uninterrupted run's, step for step (tests/test_train_resume.py).
+
+TensorBoard reads the event files of a folder in name order, and replays the purge in that order:
+a resumed run's file must sort after the stopped run's. The name starts with the creation second,
+then host, process id and a per-process counter (as text: "10" sorts before "9"), so a writer
+created in the same second as the previous one (a resume in the same process, as in the tests) or
+on a machine whose clock is behind would sort first: the scalars then read back out of order and
+the stopped run's orphaned events are not purged. ``RunLog`` therefore waits, when the folder
+already holds events, until the clock has passed the newest file's second (a second at most in
+the same process; a clock more than ``CLOCK_WAIT_S`` behind gets a warning instead).
 Only rank 0 logs (``enabled=False`` elsewhere).
 """
 from __future__ import annotations
@@ -14,7 +23,12 @@ import csv
 import io
 import json
 import os
+import time
+import warnings
 from pathlib import Path
+
+#: the longest RunLog waits for the clock to pass the newest event file's second (see above)
+CLOCK_WAIT_S = 5.0
 
 
 class WriteError(Exception):
@@ -71,6 +85,30 @@ def atomic_write(path: str | Path, data: str | bytes) -> None:
     write_atomically(path, lambda f: f.write(data.encode() if isinstance(data, str) else data))
 
 
+def newest_event_second(folder: Path) -> int | None:
+    """The creation second in the name of the newest TensorBoard event file in ``folder``, or None."""
+    seconds = []
+    for f in folder.glob("*tfevents*"):
+        part = f.name.split("tfevents.", 1)[-1].split(".", 1)[0]
+        if part.isdigit():
+            seconds.append(int(part))
+    return max(seconds, default=None)
+
+
+def wait_to_sort_last(folder: Path, *, max_wait_s: float = CLOCK_WAIT_S) -> None:
+    """Return once an event file created now sorts after every one in ``folder`` (module doc)."""
+    newest = newest_event_second(folder)
+    if newest is None:
+        return
+    wait = newest + 1 - time.time() + 0.01  # (a hundredth of a second past the boundary)
+    if wait > max_wait_s:
+        warnings.warn(f"{folder}: the newest TensorBoard event file was created at {newest} s, {wait:.0f} s "
+                      "ahead of this machine's clock; TensorBoard may read this run's events before the earlier "
+                      "ones (out of order, orphaned steps not purged). Check the clock", stacklevel=3)
+    elif wait > 0:
+        time.sleep(wait)
+
+
 class RunLog:
     """CSV + TensorBoard + plot + summary of one encoding's run folder."""
 
@@ -80,6 +118,8 @@ class RunLog:
             from torch.utils.tensorboard import SummaryWriter
 
             try:
+                if (self.dir / "tb").is_dir():
+                    wait_to_sort_last(self.dir / "tb")
                 self._tb = SummaryWriter(str(self.dir / "tb"), purge_step=purge_step)
             except OSError as e:
                 raise write_error(self.dir / "tb", e) from e

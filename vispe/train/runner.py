@@ -25,6 +25,7 @@ from vispe.train import checkpoint as ckpt
 from vispe.train import distributed as D
 from vispe.train import engine, loaders
 from vispe.train.logging import RunLog
+from vispe.train.progress import progress_bar
 from vispe.train.schedule import LRPlan, build_scheduler
 from vispe.train.threads import apply_threads
 
@@ -189,7 +190,8 @@ def run_encoding(cfg: DictConfig, task, data: Data, sub: Path, *, resume: bool, 
                                               collate_fn=task.collate_fn, pin_memory=pin)
                 sums = {k: torch.tensor(v if dist.is_main else 0.0, dtype=torch.float64, device=device)
                         for k, v in progress.epoch_sums.items()}
-                bar = _bar(t.progress and dist.is_main, steps_per_epoch, progress.batch, f"[{cfg.model.pe}] epoch {epoch + 1}/{t.epochs}")
+                bar = progress_bar(t.progress and dist.is_main, steps_per_epoch, progress.batch,
+                                   f"[{cfg.model.pe}] epoch {epoch + 1}/{t.epochs}")
                 t0, n0 = time.time(), float(sums.get("count", 0.0))
 
                 def after_step(progress, sums, loss):
@@ -299,10 +301,3 @@ def evaluate_sizes(model, task, cfg: DictConfig, data: Data, *, device, amp_dtyp
         out[str(size)] = {"scale": scale, **metrics}
     return out
 
-
-def _bar(enabled: bool, total: int, initial: int, desc: str):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, desc=desc, unit="batch", dynamic_ncols=True, leave=False)

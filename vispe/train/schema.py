@@ -144,7 +144,7 @@ class TrainLoopConfig:
     compare: List[str] = field(default_factory=list)  # encodings also trained as baselines
     log_every: int = 20  # steps between TensorBoard loss points
     ckpt_every_steps: int = 0  # 0 = checkpoint at the end of every epoch only
-    progress: bool = True  # tqdm bar
+    progress: bool = True  # tqdm bar on a terminal, a plain line every 30 s in a log (vispe.train.progress)
     out_dir: str = "runs"
     run_name: Optional[str] = None  # None = the config file's name (+ "_smoke")
     overwrite: bool = False  # move a finished run folder aside (<name>.bak-<time>) and start again

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
+from vispe.train.config_words import reword
 from vispe.train.detection import DetectionTask
 
 #: model fields passed to create_vit only when set (None keeps the preset's value)
@@ -72,9 +73,14 @@ class ClassificationTask:
         clash = sorted(set(kw) & set(m.kwargs))
         if clash:
             raise ValueError(f"model.kwargs sets {clash}, which are also set as model.{clash[0]}: set each once")
-        return create_vit(m.name, pe=m.pe, img_size=img_size, patch_size=m.patch_size,
-                          num_classes=info.num_classes, in_chans=info.in_chans,
-                          pe_kwargs=dict(m.pe_kwargs) or None, **kw, **m.kwargs)
+        try:
+            return create_vit(m.name, pe=m.pe, img_size=img_size, patch_size=m.patch_size,
+                              num_classes=info.num_classes, in_chans=info.in_chans,
+                              pe_kwargs=dict(m.pe_kwargs) or None, **kw, **m.kwargs)
+        except (TypeError, ValueError) as e:  # worded by argument: name the config keys instead
+            keys = {"pe": "model.pe", "pe_kwargs": "model.pe_kwargs", "patch_size": "model.patch_size",
+                    "img_size": "data.img_size", **{k: f"model.{k}" for k in OPTIONAL_MODEL_FIELDS}}
+            raise ValueError(reword(str(e), keys, {m.pe: "model.pe_kwargs"})) from e
 
     def step(self, model, batch, device, *, train: bool = True):
         images, labels = batch

@@ -50,7 +50,12 @@ class DETR(nn.Module):
 
     ``queries`` is the query-position strategy (``vispe.models.detr.queries``); ``class_head``
     "softmax" (K + 1 logits, DETR) or "sigmoid" (K logits for the focal loss, Conditional/DAB-DETR).
+    Input checks are the ViT's (``vispe._checks.images``): a ValueError for a non-float or empty
+    batch, a mask of another shape or an image that is all padding.
     """
+
+    #: refuse NaN / inf pixels (opt-in, as the ViT's: costs one pass over the input per call)
+    check_finite: bool = False
 
     def __init__(self, backbone: nn.Module, transformer: Transformer, *, num_classes: int, num_queries: int,
                  pe: str, pe_kwargs: dict, placement, dec_pe: str | None, dec_pe_kwargs: dict,
@@ -59,6 +64,7 @@ class DETR(nn.Module):
         super().__init__()
         d = transformer.d_model
         self.backbone, self.transformer = backbone, transformer
+        self.in_chans = _image_channels(backbone)  # checked at the input (None: the backbone does not say)
         self.input_proj = nn.Conv2d(backbone.num_channels, d, kernel_size=1)
         self.queries = queries if queries is not None else QueryPositions(d, queries_at=placement.queries)
         self.query_embed = nn.Embedding(num_queries, query_dim or d)
@@ -108,7 +114,7 @@ class DETR(nn.Module):
     # --- forward -----------------------------------------------------------------------------------
     def forward(self, images: torch.Tensor, mask: torch.Tensor | None = None) -> dict:
         """Images (B, 3, H, W) and padding mask (B, H, W), True = padding -> DETR's output dict."""
-        mask = _check_inputs(images, mask)
+        mask = _check_inputs(images, mask, self.in_chans, self.check_finite)
         feats, fmask = self.backbone(images, mask)  # (B, C, h, w), (B, h, w)
         x = self.input_proj(feats)  # (B, d, h, w)
         B, d, h, w = x.shape
@@ -145,19 +151,19 @@ class DETR(nn.Module):
                  "weight_decay": weight_decay}]
 
 
-def _check_inputs(images, mask) -> torch.Tensor:
-    """Checked images and mask; a missing mask means no padding.  # mask (B, H, W) bool"""
-    if not isinstance(images, torch.Tensor) or images.dim() != 4 or not images.is_floating_point():
-        got = f"shape {tuple(images.shape)} and dtype {images.dtype}" if isinstance(images, torch.Tensor) else type(images).__name__
-        raise ValueError(f"images has {got}: expected a float tensor (B, C, H, W)")
-    B, _, H, W = images.shape
-    if B == 0 or H == 0 or W == 0:
-        raise ValueError(f"images has shape {tuple(images.shape)}: expected B, H and W of at least 1")
+def _image_channels(backbone: nn.Module) -> int | None:
+    """The channels the backbone's first convolution takes (ResNets, small_cnn, ViT patch embedding)."""
+    conv = next((m for m in backbone.modules() if isinstance(m, nn.Conv2d)), None)
+    return conv.in_channels if conv is not None else None
+
+
+def _check_inputs(images, mask, in_chans: int | None = None, check_finite: bool = False) -> torch.Tensor:
+    """Checked images and mask (the rules of every vispe model, ``vispe._checks.images``); a missing
+    mask means no padding.  # mask (B, H, W) bool"""
+    _checks.images("images", images, mask, in_chans=in_chans, check_finite=check_finite)
     if mask is None:
+        B, _, H, W = images.shape
         return torch.zeros(B, H, W, dtype=torch.bool, device=images.device)
-    _checks.mask_for("mask", mask, (H, W))
-    if mask.shape[0] != B:
-        raise ValueError(f"mask has shape {tuple(mask.shape)}: expected ({B}, {H}, {W}), one mask per image")
     return mask.to(images.device)
 
 
