@@ -85,7 +85,7 @@ def test_the_finding_constant_part_of_an_8x8_sincos_code():
     const = raw.mean(0)
     assert const.square().mean().sqrt().item() == pytest.approx(0.65, abs=0.005)
     assert (raw - const).square().mean().sqrt().item() == pytest.approx(0.28, abs=0.005)
-    assert (raw.std(0) < 0.1).sum() >= 40  # most channels barely vary over the grid
+    assert (raw.std(0) < 0.05).sum() == 40  # 40 of 64 channels barely vary over the grid
     centred = vispe.build("sincos2d", dim=64, center=True)((8, 8))[0]
     torch.testing.assert_close(centred, raw - const, rtol=0, atol=1e-6)
     sine = vispe.build("sine", dim=64)((8, 8))[0]
