@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 .venv/bin/python results/compare/run_rope_scaling.py                # rope rows, seeds 0,1,2
     OMP_NUM_THREADS=1 .venv/bin/python results/compare/run_rope_scaling.py --seeds 0      # fewer seeds
     OMP_NUM_THREADS=1 .venv/bin/python results/compare/run_rope_scaling.py --center       # + the centring rows
+    OMP_NUM_THREADS=1 .venv/bin/python results/compare/run_rope_scaling.py --center --no-scaling  # centring rows only
     .venv/bin/python results/compare/run_rope_scaling.py --report                         # tables from the CSVs only
 
 Scaling rows: ``rope_axial`` is trained once per seed with ``train.py`` at the task's size (32 px,
@@ -99,6 +100,10 @@ def evaluate_under(run: Path, variants: dict) -> list[dict]:
         ckpt.check_compatible(state, model, OmegaConf.to_container(cfg, resolve=True), run / "checkpoint.pt")
         model.load_state_dict(state["model"])
         model.eval()
+        pes = [mod for mod in model.modules() if hasattr(mod, "scaling")]  # the settings reached every encoding
+        ref = tuple(kw["ref_grid"]) if "ref_grid" in kw else None
+        if not pes or any(pe.scaling != kw.get("scaling", "none") or pe.ref_grid != ref for pe in pes):
+            raise RuntimeError(f"{variant}: the model's rotary encodings do not carry pe_kwargs {kw}")
         res = evaluate_sizes(model, task, cfg, data, device=torch.device("cpu"), amp_dtype=None, dist=DistInfo())
         for size, m in res.items():
             rows.append({"variant": variant, "pe_kwargs": json.dumps(kw), "eval_size": int(size),
@@ -142,7 +147,7 @@ def run_centring(seeds: list[int]) -> None:
                              "eval_size": int(size), "scale": m["scale"], "acc": round(m["acc"], 4),
                              "train_acc": round(s["final"]["train_acc"], 4), "train_time_s": s["train_time_s"],
                              "device": s["device"], "torch": s["torch"], "commit": sha})
-    write_csv(HERE / "data" / f"{CENTRE_TASK}_centred.csv", rows)
+            write_csv(HERE / "data" / f"{CENTRE_TASK}_centred.csv", rows)  # after each run: a stop keeps the rest
 
 
 # --- tables --------------------------------------------------------------------------------------
@@ -188,8 +193,9 @@ def centring_table() -> str:
 
     path = HERE / "data" / f"{CENTRE_TASK}_centred.csv"
     if not path.exists():
-        return ("Not run. The command (about 2 x 4-8 min of one CPU thread per seed):\n\n"
-                "    OMP_NUM_THREADS=1 .venv/bin/python results/compare/run_rope_scaling.py --center --center-seeds 0")
+        return ("Not run. The command (about 2 x 4-12 min of one CPU thread per seed):\n\n"
+                "    OMP_NUM_THREADS=1 .venv/bin/python results/compare/run_rope_scaling.py --center --no-scaling "
+                "--center-seeds 0")
     new = pd.read_csv(path)
     sizes = sorted(new.eval_size.unique())
     lines = ["| encoding | commit | seeds | " + " | ".join(f"acc @{s}px" for s in sizes) + " | train acc (last epoch) |",
@@ -243,12 +249,13 @@ def main(argv=None) -> int:
     p.add_argument("--task", action="append", help="embedded task(s) of the scaling rows (default digits_cell)")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--center", action="store_true", help="also train the centring rows")
+    p.add_argument("--no-scaling", action="store_true", help="skip the scaling rows (e.g. with --center alone)")
     p.add_argument("--center-seeds", default="0")
     p.add_argument("--report", action="store_true", help="only rewrite the tables from the CSVs")
     a = p.parse_args(argv)
     tasks = a.task or ["digits_cell"]
     if not a.report:
-        for t in tasks:
+        for t in [] if a.no_scaling else tasks:
             run_scaling(t, [int(s) for s in a.seeds.split(",")])
         if a.center:
             run_centring([int(s) for s in a.center_seeds.split(",")])
