@@ -201,23 +201,27 @@ def centring_table() -> str:
     lines = ["| encoding | commit | seeds | " + " | ".join(f"acc @{s}px" for s in sizes) + " | train acc (last epoch) |",
              "|" + "---|" * (len(sizes) + 4)]
     old = []
-    for name in ("digits_content_position_fixed_codes_at_8ed29d3", "digits_content_position_today"):
+    for name in ("digits_content_position", "digits_content_position_fixed_codes_at_8ed29d3",
+                 "digits_content_position_today"):  # the main grid, the fixed codes rerun, today's code
         p = HERE / "data" / f"{name}.csv"
         if p.exists():
             old.append((pd.read_csv(p), HERE / "data" / f"{name}_curves.csv"))
     for pe in ("sine", "sincos2d", "learned_abs"):
         for d, curves in old:
-            d = d[d.encoding == pe]
+            d = d[(d.encoding == pe) & (d.status == "finished") & d.value.notna()]
+            if "model.pe_kwargs.padding_mode" in d:
+                d = d[d["model.pe_kwargs.padding_mode"].isna()]
             if d.empty:
                 continue
             tr = ""
             if curves.exists():
                 c = pd.read_csv(curves)
-                c = c[c.group == pe]
+                c = c[c.run.isin(d.run)]
                 last = c[c.epoch == c.epoch.max()]
                 tr = _cell(last.train_acc) if not last.empty else ""
             cells = [_cell(d[d.eval_size == s].value) if (d.eval_size == s).any() else "" for s in sizes]
-            lines.append(f"| {pe} | `{d.commit.iloc[0][:7]}` | {d.seed.nunique()} | " + " | ".join(cells) + f" | {tr} |")
+            shas = ", ".join(f"`{c[:7]}`" for c in sorted(set(d.commit)))
+            lines.append(f"| {pe} | {shas} | {d.seed.nunique()} | " + " | ".join(cells) + f" | {tr} |")
         d = new[new.encoding == pe]
         if not d.empty:
             cells = [_cell(d[d.eval_size == s].acc) for s in sizes]
