@@ -50,6 +50,9 @@ CASES = [(name, {}) for name in CONTRACT] + [
     ("fourier", dict(mask_aware=True, coords="normalized")), ("irpe", dict(contextual=True)),
     ("irpe", dict(method="cross")), ("relbias_axis", dict(index="t5")), ("sine", dict(normalize=False)),
     ("log_cpb", dict(pretrained_window=(4, 4))), ("peg", dict(padding_mode="circular")),
+    ("rope_axial", dict(scaling="yarn", ref_grid=(2, 3))), ("rope_mixed", dict(scaling="pi", ref_grid=(2, 3))),
+    ("sine", dict(center=True)), ("sincos2d", dict(center=True, mask_aware=True)),
+    ("normidx2d", dict(center=True, mask_aware=True)),
 ]
 IDS = [name + "".join(f"-{k}={v}" for k, v in kw.items()) for name, kw in CASES]
 

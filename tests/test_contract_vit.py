@@ -41,7 +41,11 @@ VIT_INVARIANCE = {
 #: option variants that make the encodings above invariant both ways (their documented remedy)
 INVARIANT_VARIANTS = [("sincos2d", dict(mask_aware=True)), ("axis2d", dict(mask_aware=True)),
                       ("fourier", dict(mask_aware=True)), ("normidx2d", dict(mask_aware=True)),
-                      ("log_cpb", dict(pretrained_window=(3, 4))), ("learned_abs", dict(mask_aware=True))]
+                      ("log_cpb", dict(pretrained_window=(3, 4))), ("learned_abs", dict(mask_aware=True)),
+                      # issue 27: scaling (one factor per image's valid extent) and centring keep it
+                      ("rope_axial", dict(scaling="ntk", ref_grid=(2, 2))), ("rope_mixed", dict(scaling="yarn", ref_grid=(2, 2))),
+                      ("sine", dict(center=True)), ("sincos2d", dict(mask_aware=True, center=True)),
+                      ("normidx2d", dict(mask_aware=True, center=True))]
 
 
 def _vit(pe, pe_kwargs=None, **kw):

@@ -41,10 +41,36 @@ given (a ``torch.Generator`` of the caller, on the angles' device), else torch's
 Each layer's encoding draws its own values (a model with one encoding per layer augments each
 layer independently, where DINOv3 draws once per forward pass and shares it).
 
+Resolution scaling (``scaling``, with ``ref_grid`` = the training grid (h0, w0); formulas and
+papers in ``vispe.axis.rope_scaling``): each axis gets ``s = max(n / ref, 1)``, n its length (with
+a mask, each image's valid extent), so a grid not longer than the training one along an axis is
+left as it is there (the papers define their methods for extension; FiT clamps the same way), and at
+the training grid every scaling equals ``"none"`` bit for bit.
+
+* ``"none"`` (default): no scaling; with ``ref_grid`` the EVA-02 rescale above (which is position
+  interpolation in both directions: a smaller grid is stretched to span the reference).
+* ``"pi"``: position interpolation, coordinates ``/ s`` per axis (Chen et al., 2023); equal to the
+  EVA-02 rescale on grids larger than ``ref_grid``, the identity on smaller ones.
+* ``"ntk"``: NTK-aware base scaling, ``base * s^(d/(d-2))`` per axis, d = head_dim/2 channels of
+  the axis (bloc97, 2023; Peng et al., 2023): the highest frequency kept, the lowest divided by s.
+* ``"yarn"``: YaRN by parts (Peng et al., 2023), frequencies whose pair turns fewer than
+  ``yarn_alpha`` times (default 1) over the training length ``ref * scale`` interpolated as PI, more
+  than ``yarn_beta`` (default 32) kept, a linear ramp in the number of turns between. YaRN's attention
+  temperature (0.1 ln s + 1) is not applied: the encoding gives angles, not logits
+  (``vispe.axis.rope_scaling.yarn_mscale`` computes it).
+
+``scaling_axes``: ``"per_axis"`` (default; FiT's ``decouple=True``): each axis its own s;
+``"tied"``: both axes use ``max(s_y, s_x)`` (FiT's default), so PI keeps the aspect ratio of the
+angles. With a scaling other than "none", ``ref_grid`` is the training grid and is required; the
+EVA-02 rescale is then not applied (the scaling replaces it). Scaling needs ``coords="index"``:
+"normalized" and "centered" coordinates (and DINOv3's ``normalize_coords``) already map every grid
+to one range, which is position interpolation built in, so a second scaling is refused. Which
+scalings a subclass takes is its ``SCALINGS``.
+
 Continuous coordinates (``at(coords, extent)``, the contract's ``vispe.encoding``): a point at unit
 coordinate u of an axis with ``n`` valid cells (``extent``) sits at ``u * n - 0.5`` cells, so cell
 centres (i + 0.5) / n get exactly the grid's angles in every ``coords`` mode ("index": u n - 0.5,
-"normalized": (u n - 0.5) / (n - 1), "centered": 2u - 1), ``ref_grid`` and ``scale`` included; a
+"normalized": (u n - 0.5) / (n - 1), "centered": 2u - 1), ``ref_grid``, ``scaling`` (s from ``extent``) and ``scale`` included; a
 query rotated at ``at(p)`` and a key rotated at its cell have logits that depend only on the offset.
 No train-time augmentation is applied to such points; ``normalize_coords`` other than
 "separate" is refused there.
@@ -57,10 +83,12 @@ import torch
 
 from vispe import _checks
 from vispe.axis.rope import LAYOUTS
+from vispe.axis.rope_scaling import SCALINGS, YARN_ALPHA, YARN_BETA, check_ramp, pi_positions, scaling_factor
 from vispe.coords import VALID_MODES as COORD_MODES, float32_math, jitter_coords, unit_coords, unit_to_grid, valid_coords
 from vispe.encoding import RotaryEncoding
 
 NORMALIZE_COORDS = ("separate", "min", "max")
+SCALING_AXES = ("per_axis", "tied")
 
 def _non_negative(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
@@ -95,16 +123,24 @@ class RotaryBase(RotaryEncoding):
         shift, jitter: train-time coordinate augmentation (module docstring); 0 = off.
         stretch, rescale: train-time log-uniform scale factors per axis / shared; 1 = off.
         generator: the ``torch.Generator`` the augmentation draws from (None: torch's global one).
-        ref_grid: (h0, w0) reference grid the coordinates are rescaled to (module docstring).
+        ref_grid: (h0, w0) reference grid the coordinates are rescaled to, or the training grid
+            of ``scaling`` (module docstring).
+        scaling: "none" | "pi" | "ntk" | "yarn", resolution scaling past ``ref_grid`` (module docstring).
+        scaling_axes: "per_axis" (default) | "tied", one factor per axis or the larger for both.
+        yarn_alpha, yarn_beta: YaRN's ramp ends in turns over the training length (1, 32).
     """
 
     mask_aware = True
+    #: the ``scaling`` values this encoding takes (a subclass narrows it, saying why in ``scaling_refusal``)
+    SCALINGS: tuple = SCALINGS
+    scaling_refusal = ""
 
     def __init__(self, head_dim: int, num_heads: int, *, dim: int | None = None, grid=None,
                  num_prefix_tokens: int = 0, layout: str = "half", coords: str = "index",
                  scale: float = 1.0, shift: float = 0.0, jitter: float = 0.0, ref_grid=None,
                  normalize_coords: str = "separate", stretch: float = 1.0, rescale: float = 1.0,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None, scaling: str = "none", scaling_axes: str | None = None,
+                 yarn_alpha: float | None = None, yarn_beta: float | None = None) -> None:
         super().__init__()
         self.num_heads = _checks.positive_int("num_heads", num_heads)
         self.head_dim = _checks.divisible("head_dim", head_dim, 4, "2D RoPE splits the channel pairs "
@@ -130,9 +166,48 @@ class RotaryBase(RotaryEncoding):
         if generator is not None and not isinstance(generator, torch.Generator):
             raise ValueError(f"generator={generator!r}: expected a torch.Generator or None")
         self.generator = generator
+        self._init_scaling(scaling, scaling_axes, yarn_alpha, yarn_beta)
 
-    def angles(self, coords: torch.Tensor) -> torch.Tensor:
-        """Float32 angles ``(B|1, heads|1, N, head_dim/2)`` of coordinates ``coords`` (B|1, N, 2)."""
+    def _init_scaling(self, scaling, scaling_axes, yarn_alpha, yarn_beta) -> None:
+        self.scaling = _checks.choice("scaling", scaling, SCALINGS)
+        if scaling not in self.SCALINGS:
+            raise ValueError(f"scaling={scaling!r}: {type(self).__name__} takes {', '.join(map(repr, self.SCALINGS))}; "
+                             f"{self.scaling_refusal}")
+        for name, value in (("scaling_axes", scaling_axes), ("yarn_alpha", yarn_alpha), ("yarn_beta", yarn_beta)):
+            if value is not None and (scaling == "none" or (name != "scaling_axes" and scaling != "yarn")):
+                need = "a scaling other than 'none'" if name == "scaling_axes" else "scaling='yarn'"
+                raise ValueError(f"{name}={value!r} with scaling={scaling!r}: only applies with {need}")
+        self.scaling_axes = _checks.choice("scaling_axes", scaling_axes or "per_axis", SCALING_AXES)
+        self.yarn_alpha, self.yarn_beta = check_ramp(YARN_ALPHA if yarn_alpha is None else yarn_alpha,
+                                                     YARN_BETA if yarn_beta is None else yarn_beta)
+        if scaling == "none":
+            return
+        if self.ref_grid is None:
+            raise ValueError(f"scaling={scaling!r} with ref_grid=None: expected ref_grid=(h, w), the training grid "
+                             "the scaling factors n / ref are taken against")
+        if self.coords != "index":
+            raise ValueError(f"scaling={scaling!r} with coords={self.coords!r}: expected coords='index'; "
+                             f"{self.coords!r} coordinates already map every grid to one range (position "
+                             "interpolation built in), so a second scaling is refused")
+
+    def _scaling_factor(self, n: torch.Tensor) -> torch.Tensor:
+        """``s = max(n / ref, 1)`` per axis, or the larger of the two when tied.  # (B|1, 1, 2)"""
+        s = scaling_factor(n, self.ref_grid)  # (B|1, 1, 2)
+        return s.amax(-1, keepdim=True).expand_as(s) if self.scaling_axes == "tied" else s
+
+    def _scaled_angles(self, coords: torch.Tensor, n: torch.Tensor | None) -> torch.Tensor:
+        """Angles of grid-convention ``coords`` (B|1, N, 2) on a grid of ``n`` (B|1, 1, 2) cells per axis,
+        with ``scaling`` applied (PI to the coordinates, NTK / YaRN to the frequencies).  # angles"""
+        if self.scaling == "none":
+            return self.angles(coords * self.scale)
+        s = self._scaling_factor(n)  # (B|1, 1, 2)
+        if self.scaling == "pi":
+            return self.angles(pi_positions(coords, s) * self.scale)
+        return self.angles(coords * self.scale, s)
+
+    def angles(self, coords: torch.Tensor, s: torch.Tensor | None = None) -> torch.Tensor:
+        """Float32 angles ``(B|1, heads|1, N, head_dim/2)`` of coordinates ``coords`` (B|1, N, 2);
+        ``s`` (B|1, 1, 2): the factors of ``scaling`` "ntk" / "yarn" per axis (None: unscaled)."""
         raise NotImplementedError
 
     def fixed_key(self) -> tuple | None:
@@ -150,11 +225,12 @@ class RotaryBase(RotaryEncoding):
             n = self._extent(shape, mask, device)  # (B|1, 1, 2)
             d = n.amin(-1, keepdim=True) if self.normalize_coords == "min" else n.amax(-1, keepdim=True)  # (B|1, 1, 1)
             coords = (coords + 1) * (n / d) - 1  # (B|1, N, 2)
-        if self.ref_grid is not None:
+        if self.ref_grid is not None and self.scaling == "none":
             coords = coords * self._ref_factor(shape, mask, device)  # (B|1, N, 2)
         if self._augmenting():
             coords = self._augment(coords)  # (B|1, N, 2)
-        return self.angles(coords * self.scale)  # (B|1, heads|1, N, head_dim/2)
+        n = None if self.scaling == "none" else self._extent(shape, mask, device)  # (B|1, 1, 2)
+        return self._scaled_angles(coords, n)  # (B|1, heads|1, N, head_dim/2)
 
     def _augment(self, coords: torch.Tensor) -> torch.Tensor:
         """shift, jitter, stretch, rescale (module docstring), one draw per image.  # (B|1, N, 2)"""
@@ -194,8 +270,9 @@ class RotaryBase(RotaryEncoding):
             if self.ref_grid is not None:
                 if n is None:
                     raise ValueError("extent=None with ref_grid set: expected the valid (h, w) in cells")
-                c = c * (torch.tensor(self.ref_grid, dtype=torch.float32, device=c.device) / n)
-            return self.angles(c * self.scale)
+                if self.scaling == "none":
+                    c = c * (torch.tensor(self.ref_grid, dtype=torch.float32, device=c.device) / n)
+            return self._scaled_angles(c, n)
 
     def forward(self, shape, mask: torch.Tensor | None = None, *, device=None) -> torch.Tensor:
         """Angles of the grid tokens, float32.  # (B|1, heads|1, h*w, head_dim/2)"""
@@ -209,4 +286,6 @@ class RotaryBase(RotaryEncoding):
         return (f"head_dim={self.head_dim}, num_heads={self.num_heads}, layout={self.layout!r}, "
                 f"coords={self.coords!r}, scale={self.scale:g}, shift={self.shift:g}, jitter={self.jitter:g}, "
                 f"ref_grid={self.ref_grid}, normalize_coords={self.normalize_coords!r}, stretch={self.stretch:g}, "
-                f"rescale={self.rescale:g}")
+                f"rescale={self.rescale:g}" + ("" if self.scaling == "none" else
+                f", scaling={self.scaling!r}, scaling_axes={self.scaling_axes!r}") +
+                (f", yarn_alpha={self.yarn_alpha:g}, yarn_beta={self.yarn_beta:g}" if self.scaling == "yarn" else ""))

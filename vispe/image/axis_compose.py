@@ -26,6 +26,12 @@ Registered encodings:
   (0 on a length-1 axis; ``vispe.axis.sinusoidal.normalized_index`` per axis), projected to ``dim`` by a learned
   ``Linear(2, dim)``; with ``project=False`` the 2-channel code itself (then ``dim`` must be 2).
 
+Centring: ``center=True`` (fixed codes only: a sinusoidal axis, and ``normidx2d``) subtracts the
+code's mean over the valid area (``vispe.image._additive``: why, at 8x8 tokens a sin-cos code is
+mostly a constant, and the rule: per image over its valid tokens, padding tokens 0, when mask-aware
+and given a mask; else over the whole grid). ``normidx2d`` centres its fixed part, the index, before
+the learned projection: the projection's bias stays, a learned mean (padding tokens get the bias).
+
 Mask: fixed per-axis codes accept ``mask_aware=True`` (positions counted over each image's valid
 area, batch-invariant); learned tables are indexed by grid cell and refuse it.
 Output ``(B|1, h*w, dim)``, computed in float32 (autocast off), cast to ``dtype``.
@@ -38,12 +44,13 @@ from torch import nn
 from vispe import _checks
 from vispe.axis.learned import LearnedTable1d
 from vispe.axis.sinusoidal import LAYOUTS, sinusoid_frequencies, sinusoidal
-from vispe.image._additive import COORD_MODES, AdditiveBase, axis_positions, fit_axis_tables, float32_math
+from vispe.image._additive import (COORD_MODES, AdditiveBase, axis_positions, centred, check_center, fit_axis_tables,
+                                   float32_math)
 from vispe.registry import register
 
 AXES = ("sinusoidal", "learned")
 COMPOSES = ("concat", "sum", "product")
-_SINUSOIDAL_ONLY = ("temperature", "layout", "coords", "mask_aware", "endpoint")
+_SINUSOIDAL_ONLY = ("temperature", "layout", "coords", "mask_aware", "endpoint", "center")
 _LEARNED_ONLY = ("overflow", "resize_mode", "init_std")  # ``grid`` is the model's grid: any axis takes it
 
 
@@ -73,9 +80,10 @@ class Axis2dEncoding(AdditiveBase):
         axis: "sinusoidal" or "learned".
         compose: "concat" (default), "sum" or "product".
         axis_order: "yx" (default) or "xy", the order of the halves (concat only).
-        temperature, layout, coords, mask_aware, endpoint: sinusoidal axis only (defaults 10000,
-            "concat", "index", False, False); ``coords`` as ``vispe.coords`` ("index", "normalized",
-            "centered"); ``endpoint`` as ``vispe.axis.sinusoidal.sinusoid_frequencies`` (big_vision).
+        temperature, layout, coords, mask_aware, endpoint, center: sinusoidal axis only (defaults 10000,
+            "concat", "index", False, False, False); ``coords`` as ``vispe.coords`` ("index", "normalized",
+            "centered"); ``endpoint`` as ``vispe.axis.sinusoidal.sinusoid_frequencies`` (big_vision);
+            ``center`` subtracts the code's mean over the valid area (module docstring).
         grid: the model's grid (h, w); the lengths of a learned axis's tables (required there), not
             needed by a fixed axis (checked, then unused: models pass their grid to every encoding).
         overflow, resize_mode, init_std: learned axis only; ``overflow`` "interpolate" (default) or
@@ -91,11 +99,11 @@ class Axis2dEncoding(AdditiveBase):
                  temperature: float | None = None, layout: str | None = None, coords: str | None = None,
                  mask_aware: bool | None = None, endpoint: bool | None = None, grid=None,
                  overflow: str | None = None, resize_mode: str | None = None, init_std: float | None = None,
-                 num_prefix_tokens: int = 0) -> None:
+                 num_prefix_tokens: int = 0, center: bool | None = None) -> None:
         _checks.choice("axis", axis, AXES)
         _checks.choice("compose", compose, COMPOSES)
         opts = dict(temperature=temperature, layout=layout, coords=coords, mask_aware=mask_aware, grid=grid,
-                    overflow=overflow, resize_mode=resize_mode, init_std=init_std, endpoint=endpoint)
+                    overflow=overflow, resize_mode=resize_mode, init_std=init_std, endpoint=endpoint, center=center)
         foreign = _LEARNED_ONLY if axis == "sinusoidal" else _SINUSOIDAL_ONLY
         for name in foreign:
             if opts[name] is not None:
@@ -110,6 +118,7 @@ class Axis2dEncoding(AdditiveBase):
         super().__init__(dim, num_prefix_tokens)
         self.axis, self.compose, self.axis_order = axis, compose, axis_order
         self.width = dim // 2 if compose == "concat" else dim  # channels of each axis code
+        self.center = check_center(False if center is None else center)
         if axis == "sinusoidal":
             self.temperature = _checks.positive_float("temperature", 10000.0 if temperature is None else temperature)
             self.layout = _checks.choice("layout", "concat" if layout is None else layout, LAYOUTS)
@@ -151,7 +160,10 @@ class Axis2dEncoding(AdditiveBase):
                 kw = dict(endpoint=self.endpoint)
                 ey = sinusoidal(py, self.width, self.temperature, self.layout, **kw)  # (B|1, h, 1|w, width)
                 ex = sinusoidal(px, self.width, self.temperature, self.layout, **kw)  # (B|1, 1|h, w, width)
-            return compose_axes(ey, ex, self.compose, self.axis_order)  # (B|1, h*w, dim)
+            code = compose_axes(ey, ex, self.compose, self.axis_order)  # (B|1, h*w, dim)
+            if self.center:  # over each image's valid tokens only when the positions are too
+                code = centred(code, mask if self.mask_aware else None)  # (B|1, h*w, dim)
+            return code
 
     def resize_(self, shape) -> "Axis2dEncoding":
         """Learned axis: resample the tables to ``shape`` = (h, w) entries (load time)."""
@@ -175,7 +187,7 @@ class Axis2dEncoding(AdditiveBase):
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, axis={self.axis!r}, compose={self.compose!r}, axis_order={self.axis_order!r}, "
-                f"num_prefix_tokens={self.num_prefix_tokens}")
+                f"num_prefix_tokens={self.num_prefix_tokens}" + (", center=True" if self.center else ""))
 
 
 @register("sincos2d")
@@ -183,14 +195,15 @@ class SinCos2dEncoding(Axis2dEncoding):
     """MAE / big_vision 2D sin-cos: [sincos(y), sincos(x)], dim/2 each (``dim`` a multiple of 4).
 
     MAE: ``axis_order="xy"``; big_vision: ``axis_order="xy", endpoint=True`` (module docstring).
+    ``center=True``: minus its mean over the valid area (module docstring).
     """
 
     def __init__(self, dim: int, *, temperature: float = 10000.0, layout: str = "concat", coords: str = "index",
                  axis_order: str = "yx", mask_aware: bool = False, endpoint: bool = False,
-                 num_prefix_tokens: int = 0) -> None:
+                 num_prefix_tokens: int = 0, center: bool = False) -> None:
         super().__init__(dim, axis="sinusoidal", compose="concat", axis_order=axis_order, temperature=temperature,
                          layout=layout, coords=coords, mask_aware=mask_aware, endpoint=endpoint,
-                         num_prefix_tokens=num_prefix_tokens)
+                         num_prefix_tokens=num_prefix_tokens, center=center)
 
 
 @register("normidx2d")
@@ -202,12 +215,13 @@ class NormIdx2dEncoding(AdditiveBase):
         project: learn ``Linear(2, dim)`` (default True); False returns the 2-channel code.
         mask_aware: normalise over each image's valid area when a mask is given.
         num_prefix_tokens: learned prefix vectors returned by ``prefix()`` (0: none).
+        center: centre the index over the valid area before the projection (module docstring).
     """
 
     mask_aware_option = "mask_aware=True"
 
     def __init__(self, dim: int, *, project: bool = True, mask_aware: bool = False,
-                 num_prefix_tokens: int = 0) -> None:
+                 num_prefix_tokens: int = 0, center: bool = False) -> None:
         for name, value in (("project", project), ("mask_aware", mask_aware)):
             if not isinstance(value, bool):
                 raise ValueError(f"{name}={value!r}: expected True or False")
@@ -215,6 +229,7 @@ class NormIdx2dEncoding(AdditiveBase):
             raise ValueError(f"dim={dim!r} with project=False: the unprojected code has 2 channels (y, x)")
         super().__init__(dim, num_prefix_tokens)
         self.mask_aware = mask_aware
+        self.center = check_center(center)
         self.proj = nn.Linear(2, dim) if project else None
 
     def forward(self, shape, mask=None, *, device=None, dtype=None) -> torch.Tensor:  # (B|1, h*w, dim)
@@ -224,10 +239,12 @@ class NormIdx2dEncoding(AdditiveBase):
             py, px = axis_positions((h, w), mask, "normalized", mask_aware=self.mask_aware, device=device)
             py, px = torch.broadcast_tensors(py, px)  # (B|1, h, w) each
             code = torch.stack([py, px], dim=-1).flatten(1, 2)  # (B|1, h*w, 2) as (y, x)
+            if self.center:
+                code = centred(code, mask if self.mask_aware else None)  # (B|1, h*w, 2)
             if self.proj is not None:
                 code = self.proj(code.to(self.proj.weight.dtype)).float()  # (B|1, h*w, dim)
         return self._output(code, mask, dtype)
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, project={self.proj is not None}, mask_aware={self.mask_aware}, "
-                f"num_prefix_tokens={self.num_prefix_tokens}")
+                f"num_prefix_tokens={self.num_prefix_tokens}, center={self.center}")

@@ -23,6 +23,15 @@ base, ``period_j = base^(4 j / head_dim)`` (the same ``f_j`` as above). DINOv3's
 ``normalize_coords``, and its training augmentation ``shift`` / ``stretch`` / ``rescale``
 (``vispe.image._rotary``; ``vispe.models.dinov3.dinov3_rope_kwargs`` writes the whole set).
 
+Resolution scaling past the training grid ``ref_grid`` (``scaling``, ``vispe.image._rotary``; the
+formulas and papers in ``vispe.axis.rope_scaling``), per axis with ``s = max(n / ref, 1)``:
+
+    "pi"    angle_k = (y / s_y) * f_k                                  (Chen et al., 2023)
+    "ntk"   f_k -> f_k * s^(-k / (K - 1)), K = head_dim/4 per axis,     (bloc97, 2023)
+            i.e. base -> base * s^(d / (d - 2)), d = head_dim/2; with periods: max_period * s
+    "yarn"  f_k -> (1 - g(r_k)) f_k / s + g(r_k) f_k,  r_k = ref * scale * f_k / (2 pi),
+            g = clamp((r - yarn_alpha) / (yarn_beta - yarn_alpha), 0, 1)   (Peng et al., 2023)
+
 Input: grid ``shape`` (h, w), optional padding mask (B, h, w). Output: float32 angles
 ``(B|1, 1, h*w, head_dim/2)`` (the same for every head). Grid change: angles recompute at any
 (h, w), cached per (h, w, device). Prefix tokens: left unrotated (the attention prepends zeros).
@@ -34,6 +43,7 @@ import torch
 
 from vispe import _checks
 from vispe.axis.rope import LAYOUTS, rope_frequencies
+from vispe.axis.rope_scaling import ntk_frequencies, yarn_frequencies
 from vispe.image._rotary import RotaryBase
 from vispe.registry import register
 
@@ -57,7 +67,8 @@ class RopeAxial(RotaryBase):
     ``head_dim`` (multiple of 4), ``num_heads``, ``dim``, ``grid``, ``num_prefix_tokens``,
     ``layout`` ("half" | "interleaved"), ``coords`` ("index" | "normalized" | "centered"),
     ``scale``, ``shift``, ``jitter``, ``ref_grid``, ``normalize_coords``, ``stretch``, ``rescale``,
-    ``generator``.
+    ``generator``, ``scaling`` ("none" | "pi" | "ntk" | "yarn"), ``scaling_axes``, ``yarn_alpha``,
+    ``yarn_beta`` (module docstring).
     """
 
     def __init__(self, head_dim: int, num_heads: int, *, base: float | None = None, axis_order: str = "yx",
@@ -65,10 +76,15 @@ class RopeAxial(RotaryBase):
                  coords: str = "index", scale: float = 1.0, shift: float = 0.0, jitter: float = 0.0,
                  ref_grid=None, min_period: float | None = None, max_period: float | None = None,
                  normalize_coords: str = "separate", stretch: float = 1.0, rescale: float = 1.0,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None, scaling: str = "none", scaling_axes: str | None = None,
+                 yarn_alpha: float | None = None, yarn_beta: float | None = None) -> None:
+        if scaling == "ntk" and head_dim == 4:
+            raise ValueError("scaling='ntk' with head_dim=4: one frequency per axis has no schedule to bend "
+                             "(base * s^(d/(d-2)) with d = 2 is undefined); expected head_dim >= 8")
         super().__init__(head_dim, num_heads, dim=dim, grid=grid, num_prefix_tokens=num_prefix_tokens,
                          layout=layout, coords=coords, scale=scale, shift=shift, jitter=jitter, ref_grid=ref_grid,
-                         normalize_coords=normalize_coords, stretch=stretch, rescale=rescale, generator=generator)
+                         normalize_coords=normalize_coords, stretch=stretch, rescale=rescale, generator=generator,
+                         scaling=scaling, scaling_axes=scaling_axes, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta)
         if (min_period is None) != (max_period is None):
             raise ValueError(f"min_period={min_period!r}, max_period={max_period!r}: expected both or neither")
         if min_period is not None:
@@ -88,12 +104,24 @@ class RopeAxial(RotaryBase):
             return period_frequencies(self.head_dim // 4, self.min_period, self.max_period, device=device)
         return rope_frequencies(self.head_dim // 2, self.base, device=device)
 
-    def angles(self, coords: torch.Tensor) -> torch.Tensor:
+    def angles(self, coords: torch.Tensor, s: torch.Tensor | None = None) -> torch.Tensor:
         f = self.frequencies(coords.device)  # (head_dim/4,)
-        y = coords[..., 0, None] * f  # (B|1, N, head_dim/4)
-        x = coords[..., 1, None] * f  # (B|1, N, head_dim/4)
+        fy = fx = f
+        if s is not None:  # "ntk" / "yarn": each axis's frequencies bent by its factor
+            fy, fx = (self.scaled_frequencies(f, s[..., a:a + 1], a) for a in (0, 1))  # (B|1, 1, head_dim/4)
+        y = coords[..., 0, None] * fy  # (B|1, N, head_dim/4)
+        x = coords[..., 1, None] * fx  # (B|1, N, head_dim/4)
         parts = [y, x] if self.axis_order == "yx" else [x, y]
         return torch.cat(parts, dim=-1)[:, None]  # (B|1, 1, N, head_dim/2)
+
+    def scaled_frequencies(self, f: torch.Tensor, s: torch.Tensor, axis: int) -> torch.Tensor:
+        """One axis's frequencies ``f`` (head_dim/4,) under ``scaling`` "ntk" / "yarn" with factors
+        ``s`` (B|1, 1, 1) (``vispe.axis.rope_scaling``): NTK bends the geometric schedule (base or
+        periods) so the lowest frequency is divided by s; YaRN measures turns over the training
+        length ``ref_grid[axis] * scale``.  # (B|1, 1, head_dim/4)"""
+        if self.scaling == "ntk":
+            return ntk_frequencies(f, s)
+        return yarn_frequencies(f, s, self.ref_grid[axis] * self.scale, alpha=self.yarn_alpha, beta=self.yarn_beta)
 
     def grid_angles(self, shape, mask, device) -> torch.Tensor:
         if mask is not None or self._augmenting():
@@ -105,7 +133,8 @@ class RopeAxial(RotaryBase):
         if self._augmenting():
             return None
         return ("rope_axial", self.head_dim, self.base, self.axis_order, self.coords, self.scale, self.ref_grid,
-                self.normalize_coords, self.min_period, self.max_period)
+                self.normalize_coords, self.min_period, self.max_period, self.scaling, self.scaling_axes,
+                self.yarn_alpha, self.yarn_beta)
 
     def extra_repr(self) -> str:
         freqs = (f"base={self.base:g}" if self.min_period is None

@@ -26,6 +26,20 @@ rope-vit's ``freqs`` (2, depth, heads * head_dim/2) and timm's ``RotaryEmbedding
 optional padding mask (B, h, w). Output: float32 angles ``(B|1, heads, h*w, head_dim/2)``,
 recomputed at every call (the frequencies learn) at any grid. Prefix tokens: left unrotated.
 Coordinates, mask handling and train-time shift/jitter: see ``vispe.image._rotary``.
+
+Resolution scaling (``scaling``, ``ref_grid`` = training grid; ``vispe.image._rotary``):
+
+* ``"pi"`` scales the positions, ``angle = fy * y / s_y + fx * x / s_x`` (Chen et al., 2023): it
+  needs nothing of the frequencies, so it means for RoPE-Mixed what it means for axial RoPE.
+* ``"yarn"`` (Peng et al., 2023) is applied to the two components of each learned frequency apart:
+  ``fy -> h(fy; s_y, ref_h * scale)``, ``fx -> h(fx; s_x, ref_w * scale)`` with
+  ``h(f) = (1 - g(r)) f / s + g(r) f``, ``r = ref * |f| / (2 pi)`` the turns of that component
+  over the training extent of its axis (``vispe.axis.rope_scaling.yarn_frequencies``). The by-parts
+  rule needs only each frequency, not a schedule; the per-component reading is vispe's extension
+  (no paper defines YaRN for mixed frequencies). The angles stay linear in (y, x), so the
+  relative property holds.
+* ``"ntk"`` is refused: it changes the *base* of a geometric schedule, and learned frequencies have
+  neither a base nor a schedule to bend.
 """
 from __future__ import annotations
 
@@ -36,6 +50,7 @@ from torch import nn
 
 from vispe import _checks
 from vispe.axis.rope import rope_frequencies
+from vispe.axis.rope_scaling import yarn_frequencies
 from vispe.image._rotary import RotaryBase
 from vispe.registry import register
 
@@ -81,28 +96,39 @@ class RopeMixed(RotaryBase):
     initial direction per head, default True) and those of ``vispe.image._rotary.RotaryBase``:
     ``head_dim`` (multiple of 4), ``num_heads``, ``dim``, ``grid``, ``num_prefix_tokens``,
     ``layout``, ``coords``, ``scale``, ``shift``, ``jitter``, ``ref_grid``, ``normalize_coords``,
-    ``stretch``, ``rescale``, ``generator``.
+    ``stretch``, ``rescale``, ``generator``, ``scaling`` ("none" | "pi" | "yarn"; "ntk" refused, module
+    docstring), ``scaling_axes``, ``yarn_alpha``, ``yarn_beta``.
     """
+
+    SCALINGS = ("none", "pi", "yarn")
+    scaling_refusal = ("'ntk' rescales the base of a geometric frequency schedule, and RoPE-Mixed's frequencies "
+                       "are learned 2D vectors with no base or schedule; use 'yarn' (per-frequency, base-free) or 'pi'")
 
     def __init__(self, head_dim: int, num_heads: int, *, theta: float = 10.0, rotate: bool = True,
                  dim: int | None = None, grid=None, num_prefix_tokens: int = 0, layout: str = "half",
                  coords: str = "index", scale: float = 1.0, shift: float = 0.0, jitter: float = 0.0,
                  ref_grid=None, normalize_coords: str = "separate", stretch: float = 1.0, rescale: float = 1.0,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None, scaling: str = "none", scaling_axes: str | None = None,
+                 yarn_alpha: float | None = None, yarn_beta: float | None = None) -> None:
         super().__init__(head_dim, num_heads, dim=dim, grid=grid, num_prefix_tokens=num_prefix_tokens,
                          layout=layout, coords=coords, scale=scale, shift=shift, jitter=jitter, ref_grid=ref_grid,
-                         normalize_coords=normalize_coords, stretch=stretch, rescale=rescale, generator=generator)
+                         normalize_coords=normalize_coords, stretch=stretch, rescale=rescale, generator=generator,
+                         scaling=scaling, scaling_axes=scaling_axes, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta)
         self.theta = _checks.positive_float("theta", theta)
         if not isinstance(rotate, bool):
             raise ValueError(f"rotate={rotate!r}: expected True or False")
         self.rotate = rotate
         self.freqs = nn.Parameter(mixed_init(head_dim, num_heads, theta, rotate))  # (heads, d/2, 2)
 
-    def angles(self, coords: torch.Tensor) -> torch.Tensor:
+    def angles(self, coords: torch.Tensor, s: torch.Tensor | None = None) -> torch.Tensor:
         """y * fy + x * fx as one (N, 2) @ (2, d/2) product per head: the cheapest form, forward and
-        backward (bench/rope_share.py); float32, autocast is off here (``RotaryBase.forward``)."""
+        backward (bench/rope_share.py); float32, autocast is off here (``RotaryBase.forward``).
+        ``s`` (B|1, 1, 2): "yarn" factors, applied to the fy and fx components apart (module docstring)."""
         f = self.freqs.to(device=coords.device, dtype=torch.float32)  # (heads, d/2, 2)
-        return torch.matmul(coords[:, None], f.transpose(-1, -2))  # (B|1, 1, N, 2) @ (heads, 2, d/2)
+        if s is not None:
+            ref = torch.tensor(self.ref_grid, dtype=torch.float32, device=f.device) * self.scale  # (2,)
+            f = yarn_frequencies(f, s[:, :, None], ref, alpha=self.yarn_alpha, beta=self.yarn_beta)  # (B|1, heads, d/2, 2)
+        return torch.matmul(coords[:, None], f.transpose(-1, -2))  # (B|1, 1, N, 2) @ (B|1|, heads, 2, d/2)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, theta={self.theta:g}, rotate={self.rotate}"
