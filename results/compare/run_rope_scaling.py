@@ -72,7 +72,14 @@ def train(task: str, seed: int, pe: str, name: str, extra: list[str], eval_sizes
     resume = ["--resume"] if (out / pe / "checkpoint.pt").exists() else []
     print("+", " ".join(cmd[1:] + resume), flush=True)
     subprocess.run(cmd + resume, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    (out / pe / "vispe-commit.txt").write_text(commit())  # the code this run trained from
     return out / pe
+
+
+def run_commit(run: Path) -> str:
+    """The commit a run trained from (recorded by ``train``), else this checkout's."""
+    f = run / "vispe-commit.txt"
+    return f.read_text().strip() if f.exists() else commit()
 
 
 def evaluate_under(run: Path, variants: dict) -> list[dict]:
@@ -136,12 +143,11 @@ def run_scaling(task: str, seeds: list[int]) -> None:
 
 def run_centring(seeds: list[int]) -> None:
     rows = []
-    sha = commit()
     for pe in ("sine", "sincos2d"):
         for seed in seeds:
             run = train(CENTRE_TASK, seed, pe, f"{CENTRE_TASK}_{pe}_center_seed{seed}", ["model.pe_kwargs.center=true"],
                         SCALES)
-            s = json.loads((run / "summary.json").read_text())
+            s, sha = json.loads((run / "summary.json").read_text()), run_commit(run)
             for size, m in s["eval"].items():
                 rows.append({"task": CENTRE_TASK, "encoding": pe, "variant": "center=True", "seed": seed,
                              "eval_size": int(size), "scale": m["scale"], "acc": round(m["acc"], 4),
