@@ -69,11 +69,12 @@ def today_vs_old(task: str) -> str:
     commits = lambda df: ", ".join(sorted({c[:7] for c in df["commit"].dropna()}))  # noqa: E731
     lines = [f"| encoding | today ({commits(new)}), seed 0 | old grid ({commits(old)}), seeds 0-2 | old, seed 0 | today - old mean, in old stds |",
              "|---|---|---|---|---|"]
+    og = report.add_group(old)
     for g in n.sort_values("mean", ascending=False).index:
-        s0 = old[(old["run"] == f"{g}_seed0") & old["is_train_size"].astype(bool)]["acc"]
+        s0 = og[(og["group"] == g) & (og["seed"] == 0) & og["is_train_size"].astype(bool)]["acc"]
         z = (n.loc[g, "mean"] - o.loc[g, "mean"]) / o.loc[g, "std"] if g in o.index and o.loc[g, "std"] > 0 else float("nan")
         lines.append(f"| {g} | {n.loc[g, 'mean']:.3f} | " + (report.fmt(o.loc[g, "mean"], o.loc[g, "std"], int(o.loc[g, "n"])) if g in o.index else "-")
-                     + f" | {s0.iloc[0]:.3f} | " + (f"{n.loc[g, 'mean'] - o.loc[g, 'mean']:+.3f} ({z:+.1f})" if z == z else "-") + " |")
+                     + (f" | {s0.iloc[0]:.3f} | " if len(s0) else " | - | ") + (f"{n.loc[g, 'mean'] - o.loc[g, 'mean']:+.3f} ({z:+.1f})" if z == z else "-") + " |")
     return "\n".join(lines)
 
 
