@@ -107,3 +107,37 @@ def test_eager_results_do_not_depend_on_the_tracing_helpers():
     assert _tracing.known(True) and not _tracing.known(False)
     with pytest.raises(ValueError, match="too big"):
         _tracing.check(3 > 4, "too big")
+
+
+BIAS_LEARNED = ["relbias", "irpe", "log_cpb", "relbias_axis"]  # learned tables: the chunked kernel in eager training
+
+
+@pytest.mark.parametrize("pe", BIAS_LEARNED)
+def test_plain_torch_export_with_grad_on_takes_the_plain_kernel_at_any_batch(pe):
+    """torch.export.export as a user calls it (grad enabled, only the batch dynamic): the bias kernel
+    is chosen without looking at symbolic sizes, and the program runs at a batch it was not traced at."""
+    from torch.export import Dim
+
+    m = tiny(pe)
+    x = torch.randn(2, 3, 16, 20)
+    assert torch.is_grad_enabled()
+    ep = torch.export.export(m, (x,), dynamic_shapes={"x": {0: Dim("batch", min=1)}})
+    y = torch.randn(3, 3, 16, 20)
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(y), m(y), atol=1e-5, rtol=1e-5)
+    if pe == "relbias":  # the ONNX exporter the issue used, run in onnxruntime at batch 3
+        warnings.filterwarnings("ignore")
+        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+        program = torch.onnx.export(m, (x,), dynamo=True, dynamic_shapes={"x": {0: Dim("batch", min=1)}},
+                                    verbose=False)
+        with torch.no_grad():
+            torch.testing.assert_close(run_onnx(program, y), m(y), atol=1e-4, rtol=1e-4)
+
+
+def test_a_forced_chunked_bias_kernel_is_refused_by_name_under_export():
+    from vispe.kernels import set_impl
+
+    m = tiny("relbias")
+    set_impl(m, bias="chunked")
+    with pytest.raises(Exception, match="impl='chunked' while torch.compile / torch.export records"):
+        torch.export.export(m, (torch.randn(2, 3, 16, 20),))

@@ -23,10 +23,14 @@ import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 
+def is_exporting() -> bool:
+    """True while torch.export (incl. the dynamo ONNX exporter) records."""
+    return getattr(torch.compiler, "is_exporting", lambda: False)()  # torch >= 2.7
+
+
 def is_tracing() -> bool:
     """True while torch.compile, torch.export (incl. the dynamo ONNX exporter) or jit.trace records."""
-    exporting = getattr(torch.compiler, "is_exporting", lambda: False)  # torch >= 2.7
-    return torch.compiler.is_compiling() or exporting() or torch.jit.is_tracing()
+    return torch.compiler.is_compiling() or is_exporting() or torch.jit.is_tracing()
 
 
 def known(cond) -> bool:

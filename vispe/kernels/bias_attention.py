@@ -18,7 +18,12 @@ backward pass (about 8x the memory of the fused kernels, and 3x the time at 1,02
 * ``"auto"`` (default): "reference" when the bias needs no gradient (SDPA then runs its fused
   kernel with a constant mask), with dropout or a causal mask (which the others do not implement),
   or on CUDA (whose memory-efficient kernel computes the bias gradient itself; "flex" is opt-in
-  there); "chunked" otherwise.
+  there); "chunked" otherwise. While ``torch.compile`` or ``torch.export`` records the model
+  (``vispe._tracing.is_tracing``) "auto" is "reference", whatever the sizes: the chunked kernel's
+  blocks are Python loops over the input's sizes, which are symbolic there (a forced "chunked"
+  is refused with that reason). Under ``torch.export`` with grad enabled, "reference" writes the
+  softmax out (``_math``) instead of calling SDPA, whose recorded output layout the ONNX exporter
+  does not reproduce.
 
 Backward of one block, with S = scale q k^T + bias, P = softmax(S), dO the output gradient and
 D = rowsum(dO * O):  dV = P^T dO,  dP = dO V^T,  dS = P * (dP - D),  d bias = dS,
@@ -32,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import record_function
 
-from vispe import _checks
+from vispe import _checks, _tracing
 
 BIAS_IMPLS = ("auto", "reference", "chunked", "flex")
 CHUNK_BYTES = 8 * 2**20  # float32 scores per block in the chunked backward (bench/bias_attention.py)
@@ -56,9 +61,14 @@ def pick_impl(impl: str, q: torch.Tensor, bias: torch.Tensor | None, *, dropout_
         return "reference"
     if impl == "auto":
         needs_grad = torch.is_grad_enabled() and bias.requires_grad
-        if not needs_grad or dropout_p > 0 or is_causal or q.device.type != "cpu":
+        if not needs_grad or dropout_p > 0 or is_causal or q.device.type != "cpu" or _tracing.is_tracing():
             return "reference"
         return "chunked"
+    if impl == "chunked" and _tracing.is_tracing():
+        raise ValueError("impl='chunked' while torch.compile / torch.export records: its block sizes are "
+                         "computed from the input's shape, which is symbolic there; expected impl='auto' or "
+                         "'reference' (vispe.kernels.set_impl(model, bias='auto')), or export with "
+                         "vispe.export.export_onnx / vispe.export.export")
     if impl != "reference" and (dropout_p > 0 or is_causal):
         raise ValueError(f"impl={impl!r} with dropout_p={dropout_p}, is_causal={is_causal}: expected "
                          "dropout_p=0 and is_causal=False (only impl='reference' implements them)")
@@ -117,7 +127,21 @@ def _reference(q, k, v, bias, attn_mask, kpm, dropout_p, is_causal):
             mask = mask.masked_fill(kpm[:, None, None, :], float("-inf"))  # (B, heads, Lq, Lk)
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)
+    if (_tracing.is_exporting() and torch.is_grad_enabled() and mask is not None and mask.requires_grad
+            and dropout_p == 0 and not is_causal):
+        return _math(q, k, v, mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+
+
+def _math(q, k, v, mask):
+    """softmax(q k^T / sqrt(d) + mask) v written out, for torch.export with grad enabled.  # (B, heads, Lq, d)
+
+    There SDPA with a float mask that needs a gradient is recorded with the fused kernel's output
+    layout, and the ONNX exporter's decompositions give the math kernel's: the caller's transpose +
+    reshape, recorded as a view, then fails ("Cannot view a tensor with shape ...", torch 2.14).
+    Explicit products have one layout for every tracer."""
+    s = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1])) + mask  # (B, heads, Lq, Lk)
+    return torch.matmul(torch.softmax(s, dim=-1), v)
 
 
 def _blocks(B: int, H: int, Lq: int, Lk: int, chunk_bytes: int, itemsize: int = 4):

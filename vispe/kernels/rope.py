@@ -14,6 +14,9 @@ tensor per half, a ``cat``); this module is what the attention layer runs by def
   inverse rotation (nothing saved but the tables); when ``angles`` needs a gradient (RoPE-Mixed),
   ``d out1/d angle = -out2`` and ``d out2/d angle = out1`` give it from the saved output.
 * ``impl="compiled"`` runs the same math through ``torch.compile`` (one fused loop per pass).
+* While ``torch.compile`` or ``torch.export`` records the model (``vispe._tracing.is_tracing``),
+  ``rotate`` is the plain out-of-place expression differentiated by autograd: the compiler fuses
+  it, and the in-place kernels above break Inductor at symbolic sizes.
 
 Pairing (``layout``) as ``apply_rope``: "half" pairs channel i with i + d/2, "interleaved" pairs
 2i with 2i + 1; pair (x1, x2) at angle a becomes (x1 cos a - x2 sin a, x2 cos a + x1 sin a).
@@ -23,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from vispe import _checks
+from vispe import _checks, _tracing
 from vispe.axis.rope import LAYOUTS
 
 ROPE_IMPLS = ("auto", "reference", "fused", "compiled")
@@ -196,4 +199,18 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = 
     if angles is not None and angles.shape != cos.shape:
         raise ValueError(f"angles has shape {tuple(angles.shape)}: expected the tables' {tuple(cos.shape)}")
     need = angles if angles is not None and angles.requires_grad and torch.is_grad_enabled() else None
+    if _tracing.is_tracing():  # torch.compile / torch.export: plain autograd, no custom Function
+        return _traced(x, cos, sin, need, layout)
     return _Rotate.apply(x, cos.detach(), sin.detach(), need, layout, impl == "compiled")
+
+
+def _traced(x, cos, sin, angles, layout):
+    """``rotate`` while torch.compile or torch.export records: the out-of-place math, differentiated
+    by autograd (through ``angles`` when they learn). ``_rotate_into``'s ``out=`` kernels writing
+    into views of one ``empty`` buffer fail in Inductor once sizes are symbolic (at a second image
+    size, or with ``dynamic=True``: ``InductorError: mul expected 2 arguments, got 3``, torch 2.14,
+    even without the autograd Function); the compiler fuses this expression into one loop anyway."""
+    if angles is not None:
+        cos, sin = rope_tables(angles)
+    return _rotate_math(x.to(cos.dtype), cos.detach() if angles is None else cos,
+                        sin.detach() if angles is None else sin, layout, 1.0).to(x.dtype)

@@ -115,7 +115,7 @@ class DETR(nn.Module):
     def forward(self, images: torch.Tensor, mask: torch.Tensor | None = None) -> dict:
         """Images (B, 3, H, W) and padding mask (B, H, W), True = padding -> DETR's output dict."""
         mask = _check_inputs(images, mask, self.in_chans, self.check_finite)
-        feats, fmask = self.backbone(images, mask)  # (B, C, h, w), (B, h, w)
+        feats, fmask = _eager_backbone(self.backbone, images, mask)  # (B, C, h, w), (B, h, w)
         x = self.input_proj(feats)  # (B, d, h, w)
         B, d, h, w = x.shape
         grid_mask = fmask if bool(fmask.any()) else None  # no padding: cached tables, unmasked attention
@@ -149,6 +149,16 @@ class DETR(nn.Module):
         return [{"params": [p for n, p in named if not n.startswith("backbone.")], "lr": lr, "weight_decay": weight_decay},
                 {"params": [p for n, p in named if n.startswith("backbone.")], "lr": lr_backbone,
                  "weight_decay": weight_decay}]
+
+
+@torch.compiler.disable
+def _eager_backbone(backbone, images, mask):
+    """The backbone, outside any torch.compile graph. Inductor (torch 2.14) fails on the stride-2
+    convolutions of a batch whose size changed (symbolic H, W): "cannot determine truth value of
+    Relational: 1 < (((s54 - 1)//2)) + 1" while ordering strides, and hints on the sizes
+    (torch._check) do not help; detection batches change size at every step. The transformer,
+    where the encodings are, is still compiled (bench/compile_step.py, results/bench_compile.md)."""
+    return backbone(images, mask)
 
 
 def _image_channels(backbone: nn.Module) -> int | None:

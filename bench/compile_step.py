@@ -1,0 +1,181 @@
+"""Training-step time with ``torch.compile`` against eager, per encoding and for the detector.
+
+    python3 bootstrap.py bench/compile_step.py [--rounds 3] [--iters 2] [--encodings sine rope_axial ...] [--no-detr]
+
+What ``train.py ... train.compile=true`` does: the model is compiled (``torch.compile(model)``,
+default options), the loss, backward and AdamW update stay eager. For each model an eager copy and
+a compiled copy with the same weights are timed side by side, interleaved round by round in a new
+order each round (``bench._common.interleaved``); the figure is the median over rounds of the
+compiled step's time divided by the eager step's time in the same round (< 1: compile is faster).
+
+* ViT: digits_cell's model (``vit_pico``: width 64, depth 4, 4 heads, patch 4, MLP ratio 2), a
+  batch of 32 images of 32x32 (8x8 tokens), for each main encoding.
+* DETR: configs/shapes_detr.yaml's detector (small CNN, DAB queries, BoxRPB, 2 + 2 layers, width
+  128) on real training batches of the shapes set, which change size from batch to batch; one step
+  = the task's loss (Hungarian matching included, eager) + backward + AdamW, over the same list of
+  batches in every round. ``compiled`` uses the default options (sizes marked dynamic after the
+  first size change), ``dynamic`` passes ``dynamic=True`` from the start.
+
+Compile cost and recompiles, before timing: the seconds of the first compiled step, then of the
+steps that follow at other sizes (ViT: an evaluation pass at 24 and 48 px as ``train.eval_sizes``,
+then training at 32 px again), and the number of graphs dynamo compiled in each phase
+(``torch._dynamo.utils.counters["stats"]["unique_graphs"]``: first compile, recompiles and graph
+breaks all count).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import interleaved, machine, ms, positive_args, ratio, spread  # noqa: E402  (before torch)
+
+import torch  # noqa: E402
+import torch._dynamo.utils as dynamo_utils  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+ENCODINGS = ["sine", "learned_abs", "rope_axial", "rope_mixed", "relbias"]
+
+
+def graphs() -> int:
+    return int(dynamo_utils.counters["stats"]["unique_graphs"])
+
+
+def phase(fn) -> tuple[float, int]:
+    """(seconds, graphs compiled) of one call of ``fn``."""
+    g0, t0 = graphs(), time.perf_counter()
+    fn()
+    s, g = time.perf_counter() - t0, graphs() - g0
+    print(f"  ... {s:.1f} s, {g} graphs", file=sys.stderr, flush=True)  # progress: compiles take minutes
+    return s, g
+
+
+def vit_pair(pe: str, batch: int):
+    """Eager and compiled step closures of one encoding, and the compile cost of the compiled one."""
+    from vispe.models.vit import create_vit
+
+    torch.manual_seed(0)
+    eager = create_vit("vit_pico", pe=pe, img_size=32, patch_size=4, mlp_ratio=2.0, num_classes=9)
+    comp_model = copy.deepcopy(eager)
+    compiled = torch.compile(comp_model)
+    x = torch.randn(batch, 3, 32, 32)
+    y = torch.randint(0, 9, (batch,))
+
+    def stepper(model, params):
+        opt = torch.optim.AdamW(params, lr=1e-4)
+
+        def step():
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        return step
+
+    def evaluate(size):
+        def run():
+            comp_model.eval()
+            with torch.no_grad():
+                compiled(torch.randn(2 * batch, 3, size, size))
+            comp_model.train()
+        return run
+
+    step_c = stepper(compiled, comp_model.parameters())
+    cost = [("first step 32px", *phase(step_c)), ("second step 32px", *phase(step_c))]
+    for size in (24, 48):
+        cost.append((f"eval {size}px", *phase(evaluate(size))))
+    cost.append(("step 32px again", *phase(step_c)))
+    return stepper(eager, eager.parameters()), step_c, cost
+
+
+def detr_steps(n_batches: int, dynamic: bool):
+    """Eager, compiled (default) and, when asked, compiled ``dynamic=True`` DETR steps over
+    ``n_batches`` real training batches of configs/shapes_detr.yaml, and their compile costs."""
+    from vispe.train import loaders
+    from vispe.train.distributed import DistInfo
+    from vispe.train.config import load_config
+    from vispe.train.runner import build_data, build_model
+    from vispe.train.tasks import get_task
+
+    cfg = load_config(ROOT / "configs/shapes_detr.yaml", ["train.device=cpu", "train.compare=[]"], smoke=True)
+    task = get_task(cfg.task)
+    data = build_data(task, cfg)
+    torch.manual_seed(0)
+    eager = build_model(task, cfg, data)
+    loader = loaders.train_loader(data.train, batch_size=cfg.data.batch_size, epoch=0, skip_batches=0, seed=0,
+                                  dist_info=DistInfo(), num_workers=0, collate_fn=task.collate_fn, pin_memory=False)
+    batches = []
+    for b in loader:
+        batches.append(b)
+        if len(batches) == n_batches:
+            break
+    sizes = sorted({tuple(b[0].shape[-2:]) for b in batches})
+
+    def stepper(model):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step():
+            for b in batches:
+                loss, _ = task.step(model, b, torch.device("cpu"))
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+        return step
+
+    fns, costs = {"detr eager": stepper(eager)}, {}
+    for name, kw in (("detr compiled", {}), ("detr dynamic", {"dynamic": True}))[: 2 if dynamic else 1]:
+        fn = stepper(torch.compile(copy.deepcopy(eager), **kw))
+        costs[name] = [(f"first pass, {len(batches)} batches", *phase(fn)), ("second pass", *phase(fn))]
+        fns[name] = fn
+    return fns, costs, sizes
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=2, help="steps per timed call (ViT); DETR: one pass over the batches")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--detr-batches", type=int, default=4)
+    ap.add_argument("--encodings", nargs="*", default=ENCODINGS)
+    ap.add_argument("--no-detr", action="store_true")
+    ap.add_argument("--no-dynamic", action="store_true", help="skip DETR with dynamic=True")
+    args = ap.parse_args()
+    positive_args(ap, args, "rounds", "iters", "batch", "detr_batches")
+    print(f"# compiled vs eager training step; {machine()}")
+    print(f"# command: python3 bootstrap.py bench/compile_step.py {' '.join(sys.argv[1:])}".rstrip())
+    fns, costs = {}, {}
+    for pe in args.encodings:
+        print(f"compiling {pe}", file=sys.stderr, flush=True)
+        eager, comp, cost = vit_pair(pe, args.batch)
+        fns[f"{pe} eager"], fns[f"{pe} compiled"], costs[f"{pe} compiled"] = eager, comp, cost
+    times = interleaved(fns, args.rounds, iters=args.iters, warmup=1) if fns else {}
+    det_times, sizes = {}, []
+    if not args.no_detr:
+        dfns, dcosts, sizes = detr_steps(args.detr_batches, not args.no_dynamic)
+        costs.update(dcosts)
+        det_times = interleaved(dfns, args.rounds, iters=1, warmup=1)
+    print("\n## compile cost (seconds of the call; graphs = new graphs dynamo compiled in it)")
+    print(f"{'model':<22}{'call':<30}{'s':>8}{'graphs':>8}")
+    for name, rows in costs.items():
+        for what, s, g in rows:
+            print(f"{name:<22}{what:<30}{s:>8.1f}{g:>8d}")
+    print(f"\n## step time, median of {args.rounds} rounds (ViT: batch {args.batch}, 32x32; wall and CPU clocks)")
+    print(f"{'model':<22}{'eager ms':>10}{'compiled ms':>13}{'ratio wall':>12}{'(quartiles)':>16}{'ratio cpu':>11}")
+    for pe in args.encodings:
+        c, e = f"{pe} compiled", f"{pe} eager"
+        lo, hi = spread(times, c, e)
+        print(f"{pe:<22}{ms(times, e):>10.1f}{ms(times, c):>13.1f}{ratio(times, c, e):>12.2f}"
+              f"{f'{lo:.2f}-{hi:.2f}':>16}{ratio(times, c, e, 'cpu'):>11.2f}")
+    for name in (n for n in det_times if n != "detr eager"):
+        lo, hi = spread(det_times, name, "detr eager")
+        print(f"{name:<22}{ms(det_times, 'detr eager'):>10.1f}{ms(det_times, name):>13.1f}"
+              f"{ratio(det_times, name, 'detr eager'):>12.2f}{f'{lo:.2f}-{hi:.2f}':>16}"
+              f"{ratio(det_times, name, 'detr eager', 'cpu'):>11.2f}")
+    if det_times:
+        print(f"(DETR: one pass over {args.detr_batches} training batches of sizes {sizes}, batch size 8)")
+
+
+if __name__ == "__main__":
+    main()
