@@ -231,7 +231,7 @@ def centring_table() -> str:
         d = new[new.encoding == pe]
         if not d.empty:
             cells = [_cell(d[d.eval_size == s].acc) for s in sizes]
-            lines.append(f"| **{pe}, center=True** | `{d.commit.iloc[0][:7]}` | {d.seed.nunique()} | " + " | ".join(cells)
+            lines.append(f"| **{pe}, center=True** | " + ", ".join(f"`{c[:7]}`" for c in sorted(set(d.commit))) + f" | {d.seed.nunique()} | " + " | ".join(cells)
                          + f" | {_cell(d.drop_duplicates('seed').train_acc)} |")
     meta = f"\nCentred runs: device {new.device.iloc[0]}, torch {new.torch.iloc[0]}, " \
            f"{new.drop_duplicates(['encoding', 'seed']).train_time_s.mean():.0f} s of training per run."
