@@ -96,10 +96,10 @@ def _read(source):
     hints, args = {}, None
     if "model" in source and isinstance(source["model"], dict):  # the papers' .pth: {"model": ..., "args": ...}
         args, source = source.get("args"), source["model"]
+    hints = _hints_from_detr_args(args)
     official = P.official_design(source)
     if official is not None:  # Atten4Vis/ConditionalDETR, IDEA-Research/DAB-DETR
-        return source, "official", P.hints_from_official_args(args, official)
-    hints = _hints_from_detr_args(args)
+        return source, "official", P.hints_from_official_args(args, official, hints)
     keys = list(source)
     design = P.design_of_state(source)
     if design is not None and any(k.startswith("model.") for k in keys):
@@ -134,9 +134,7 @@ def _hints_from_hf_config(c) -> dict:
 
 
 def _hints_from_detr_args(args) -> dict:
-    if args is None:
-        return {}
-    a = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
+    a = P.args_dict(args)
     if a.get("pre_norm"):
         raise ValueError("source was trained with --pre_norm: vispe's DETR is post-norm (DETR's default)")
     hints = {k2: a[k1] for k1, k2 in (("backbone", "backbone"), ("dilation", "dilation"), ("nheads", "nheads"),

@@ -102,23 +102,22 @@ def official_design(state: dict) -> str | None:
     return "dab" if "refpoint_embed.weight" in state else "conditional"
 
 
-def hints_from_official_args(args, design: str) -> dict:
-    """create_detr arguments from the papers' ``args`` (their main.py's argparse Namespace, or a dict)."""
+def args_dict(args) -> dict:
+    """A checkpoint's ``args`` (its main.py's argparse Namespace, a dict, or None) as a dict."""
     import argparse
 
-    a = {} if args is None else (vars(args) if isinstance(args, argparse.Namespace) else dict(args))
-    hints = dict(decoder=design, class_head="sigmoid")
-    if a.get("pre_norm"):
-        raise ValueError("source was trained with --pre_norm: vispe's decoder is post-norm (the papers' default)")
-    if a.get("position_embedding", "sine") not in ("sine", "v2"):
+    return {} if args is None else (vars(args) if isinstance(args, argparse.Namespace) else dict(args))
+
+
+def hints_from_official_args(args, design: str, detr_hints: dict) -> dict:
+    """create_detr arguments from the papers' ``args``: ``detr_hints`` are what DETR's own arguments
+    give (``load._hints_from_detr_args``: backbone, dilation, nheads, dropout, aux_loss; pre_norm
+    refused; both papers' code is a fork of DETR's), plus each design's own."""
+    a = args_dict(args)
+    hints = {k: v for k, v in detr_hints.items() if k != "position"}
+    if detr_hints.get("position", "sine") not in ("sine", "v2"):
         raise ValueError(f"source was trained with --position_embedding {a['position_embedding']!r}: expected 'sine'")
-    for k1, k2 in (("backbone", "backbone"), ("dilation", "dilation"), ("nheads", "nheads"), ("dropout", "dropout")):
-        if k1 in a:
-            hints[k2] = a[k1]
-    if "dropout" in a:
-        hints["attn_dropout"] = a["dropout"]  # nn.MultiheadAttention(dropout=dropout) in both papers' code
-    if "aux_loss" in a:
-        hints["aux_loss"] = bool(a["aux_loss"])
+    hints.update(decoder=design, class_head="sigmoid")
     if design == "conditional":
         hints["pe_kwargs"] = dict(temperature=10000.0, normalize=True)
         return hints
