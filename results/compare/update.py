@@ -31,6 +31,7 @@ from vispe.sweep.collect import merge_tables  # noqa: E402
 
 import freshness  # noqa: E402  (results/compare/freshness.py, beside this file)
 from tables_padding import leakage_table1, leakage_table4, redgreen_table  # noqa: E402  (beside this file)
+import constant_offset  # noqa: E402  (beside this file: the constant-offset measurement, seconds)
 
 TASKS = ("digits_cell", "digits_relative", "digits_content_position", "digits_class")
 SWEEPS = TASKS + ("shapes_detr", "shapes_detr_queries", "relbias_init_vit", "relbias_init_torch")
@@ -245,7 +246,7 @@ BLOCKS = {**{f"main:{t}": (lambda t=t: main_table(t)) for t in TASKS},
           **{f"main:{t}_today": (lambda t=t: main_table(f"{t}_today")) for t in TASKS},
           **{f"today_vs_old:{t}": (lambda t=t: today_vs_old(t)) for t in TASKS},
           "peg": peg_table, "status": status_table, "detr": detr_table, "detr_queries": queries_table, "relbias_init": relbias_init_table, "redgreen": redgreen_table, "islam_table1": leakage_table1,
-          "islam_table4": leakage_table4, "provenance": lambda: freshness.markdown(freshness.check())}
+          "islam_table4": leakage_table4, "constant_offset": constant_offset.markdown, "provenance": lambda: freshness.markdown(freshness.check())}
 
 
 def fill(md: Path) -> None:
