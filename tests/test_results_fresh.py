@@ -142,3 +142,16 @@ def test_check_passes_on_this_repository():
     out = subprocess.run([sys.executable, str(ROOT / "results" / "compare" / "update.py"), "--check"],
                          cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_effort_counts_runs_once_across_their_evaluation_rows(tmp_path):
+    f = tmp_path / "t.csv"  # two runs, each evaluated at two sizes (its wall time on both rows)
+    f.write_text("run,eval_size,wall_s,commit\na,16,1800,c\na,32,1800,c\nb,16,5400,c\nb,32,5400,c\n")
+    assert freshness.effort(f) == "2 runs, 2.0 h wall"
+    g = tmp_path / "g.csv"  # no run column: a variant evaluated from the same checkpoint counts once
+    g.write_text("encoding,seed,variant,eval_size,train_time_s,commit\n"
+                 "rope,0,none,16,3600,c\nrope,0,pi,16,3600,c\nrope,1,none,16,1800,c\n")
+    assert freshness.effort(g) == "2 runs, 1.5 h training"
+    h = tmp_path / "h.csv"
+    h.write_text("acc,commit\n0.5,c\n")
+    assert freshness.effort(h) == "-"

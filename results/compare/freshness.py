@@ -125,12 +125,35 @@ def mark(csv: str, reason: str, root: Path = ROOT) -> dict:
     return entry
 
 
-def markdown(verdicts: list[Verdict]) -> str:
+RUN_KEYS = ("task", "data", "backbone", "encoding", "variant", "pe_kwargs", "padding", "input", "target",
+            "level", "seed", "commit")  # the columns that name one run (rows are per evaluation size)
+
+
+def effort(csv: Path) -> str:
+    """Runs in ``csv`` and their summed time: ``wall_s`` per run, else the training or probe time."""
+    cols = pd.read_csv(csv, nrows=0).columns
+    time = next((c for c in ("wall_s", "train_time_s", "seconds") if c in cols), None)
+    keys = [c for c in (("run", "task", "data", "commit") if "run" in cols else RUN_KEYS) if c in cols]
+    if time is None or not keys:
+        return "-"
+    df = pd.read_csv(csv, usecols=keys + [time])
+    if "run" in cols:
+        per_run = df.groupby(keys, dropna=False)[time].max()
+    else:  # no run name: one training per distinct (keys, time); a variant evaluated from the same
+        # checkpoint (rope_scaling's scalings) repeats its run's training time and counts once
+        per_run = df.drop_duplicates([k for k in keys if k not in ("variant", "pe_kwargs")] + [time])[time]
+    noun, what = {"wall_s": ("run", "wall"), "train_time_s": ("run", "training"), "seconds": ("probe", "fitting")}[time]
+    return f"{len(per_run)} {noun}{'s' * (len(per_run) != 1)}, {per_run.sum() / 3600:.1f} h {what}"
+
+
+def markdown(verdicts: list[Verdict], root: Path = ROOT) -> str:
     """The provenance table for results/compare/README.md."""
-    lines = ["| CSV | commit(s) | state | why not rerun / what changed |", "|---|---|---|---|"]
+    lines = ["| CSV | commit(s) | runs, summed time | state | why not rerun / what changed |",
+             "|---|---|---|---|---|"]
     for v in verdicts:
         why = v.mark or "; ".join(f"{c[:7]}: {s}" for c, s in v.stale.items()) or "-"
-        lines.append(f"| `{v.csv}` | {', '.join(c[:7] for c in v.commits) or '-'} | {v.state} | {why} |")
+        lines.append(f"| `{v.csv}` | {', '.join(c[:7] for c in v.commits) or '-'} | {effort(root / v.csv)} | "
+                     f"{v.state} | {why} |")
     return "\n".join(lines)
 
 
