@@ -60,7 +60,10 @@ def main_table(task: str) -> str:
 
 
 def today_vs_old(task: str) -> str:
-    """Test accuracy at the training size: the rerun at today's code (data/<task>_today.csv) beside the old grid."""
+    """Test accuracy at the training size: the rerun at today's code (data/<task>_today.csv) beside the
+    old grid, seed 0 of each beside the other (equal when the code path did not change), and the
+    difference of means in the seeds' spread (the old grid's std with one seed today, else both
+    pooled: reproducibility.md's unit)."""
     new, old = load(f"{task}_today"), load(task)
     if new is None or old is None:
         return "(not run here)"
@@ -69,14 +72,29 @@ def today_vs_old(task: str) -> str:
     o = report.summarize(old)
     o = o[o["is_train_size"].astype(bool)].set_index("group")
     commits = lambda df: ", ".join(sorted({c[:7] for c in df["commit"].dropna()}))  # noqa: E731
-    lines = [f"| encoding | today ({commits(new)}), seed 0 | old grid ({commits(old)}), seeds 0-2 | old, seed 0 | today - old mean, in old stds |",
-             "|---|---|---|---|---|"]
-    og = report.add_group(old)
+    lines = [f"| encoding | today ({commits(new)}) | old grid ({commits(old)}) | seed 0: today / old | "
+             "today - old, in seed stds |", "|---|---|---|---|---|"]
+    ng, og = report.add_group(new), report.add_group(old)
+
+    def cell(s, g):
+        k = int(s.loc[g, "n"])
+        return report.fmt(s.loc[g, "mean"], s.loc[g, "std"], k) + (f" ({k} seeds)" if k > 1 else "")
+
+    def seed0(df, g):
+        a = df[(df["group"] == g) & (df["seed"] == 0) & df["is_train_size"].astype(bool)]["acc"]
+        return f"{a.iloc[0]:.3f}" if len(a) else "-"
+
     for g in n.sort_values("mean", ascending=False).index:
-        s0 = og[(og["group"] == g) & (og["seed"] == 0) & og["is_train_size"].astype(bool)]["acc"]
-        z = (n.loc[g, "mean"] - o.loc[g, "mean"]) / o.loc[g, "std"] if g in o.index and o.loc[g, "std"] > 0 else float("nan")
-        lines.append(f"| {g} | {n.loc[g, 'mean']:.3f} | " + (report.fmt(o.loc[g, "mean"], o.loc[g, "std"], int(o.loc[g, "n"])) if g in o.index else "-")
-                     + (f" | {s0.iloc[0]:.3f} | " if len(s0) else " | - | ") + (f"{n.loc[g, 'mean'] - o.loc[g, 'mean']:+.3f} ({z:+.1f})" if z == z else "-") + " |")
+        today = cell(n, g)
+        if g not in o.index:
+            lines.append(f"| {g} | {today} | - | {seed0(ng, g)} / - | - |")
+            continue
+        d = n.loc[g, "mean"] - o.loc[g, "mean"]
+        stds = [o.loc[g, "std"]] + ([n.loc[g, "std"]] if n.loc[g, "n"] > 1 else [])
+        unit = (sum(x * x for x in stds) / len(stds)) ** 0.5
+        z = f" ({d / unit:+.1f})" if unit > 0 else ""
+        lines.append(f"| {g} | {today} | {cell(o, g)} | "
+                     f"{seed0(ng, g)} / {seed0(og, g)} | {d:+.3f}{z} |")
     return "\n".join(lines)
 
 
