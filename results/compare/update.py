@@ -30,33 +30,14 @@ from vispe import report  # noqa: E402
 from vispe.sweep.collect import merge_tables  # noqa: E402
 
 import freshness  # noqa: E402  (results/compare/freshness.py, beside this file)
+from current import TASKS, load, main_table, peg_table, resolution_table, status_table  # noqa: E402  (beside this file)
 from tables_padding import leakage_table1, leakage_table4, redgreen_table  # noqa: E402  (beside this file)
 import constant_offset  # noqa: E402  (beside this file: the constant-offset measurement, seconds)
 
-TASKS = ("digits_cell", "digits_relative", "digits_content_position", "digits_class")
 SWEEPS = TASKS + ("shapes_detr", "shapes_detr_queries", "relbias_init_vit", "relbias_init_torch")
 INITS = (("relbias_init_vit", "ViT / timm default (`weight_init=''`: trunc-normal 0.02, zero biases)"),
          ("relbias_init_torch", "PyTorch default (`model.kwargs.weight_init=skip`: Kaiming-uniform, std ~0.07, non-zero biases)"))
-MAIN = ("none", "sine", "learned_abs", "sincos2d", "rope_axial", "rope_mixed", "relbias", "peg")
-RESOLUTION = ("learned_abs", "rope_axial", "rope_mixed", "none")
 CHANCE = {"digits_cell": 1 / 9, "digits_relative": 1 / 4, "digits_content_position": 1 / 20, "digits_class": 1 / 10}
-
-
-def load(task: str) -> pd.DataFrame | None:
-    f = HERE / "data" / f"{task}.csv"
-    return pd.read_csv(f) if f.is_file() else None
-
-
-def main_table(task: str) -> str:
-    df = load(task)
-    if df is None:
-        return "(not run here)"
-    summ = report.summarize(df)
-    banner = provenance_line(task)
-    main = [g for g in summ["group"].unique() if g in MAIN]
-    rest = [g for g in summ["group"].unique() if g not in MAIN]
-    order = lambda gs: list(summ[summ["is_train_size"].astype(bool) & summ["group"].isin(gs)].sort_values("mean", ascending=False)["group"])  # noqa: E731
-    return banner + report.markdown_table(summ, "acc", order(main) + order(rest)) + "\n\n" + progress(df)
 
 
 def today_vs_old(task: str) -> str:
@@ -115,24 +96,6 @@ def relbias_init_table() -> str:
         lines.append(f"| {label} | " + " | ".join("-" if v != v else f"{v:.3f}" for v in seeds)
                      + f" | {report.fmt(got.mean(), got.std(), len(got))} | {above} of {len(got)} | {commit} |")
     return "\n".join(lines)
-
-
-def provenance_line(task: str) -> str:
-    """A banner naming the commits of data/<task>.csv and, when they are not today's code, why."""
-    v = freshness.judge(HERE.parents[1], HERE / "data" / f"{task}.csv", freshness.load_marks(HERE.parents[1]))
-    commits = ", ".join(f"`{c[:7]}`" for c in v.commits)
-    if not v.stale:
-        return f"Runs from {commits}, the code of today (`update.py --check`).\n\n"
-    return f"**Stale**: runs from {commits}, not today's code: {v.mark or 'NOT MARKED'}.\n\n"
-
-
-def progress(df: pd.DataFrame) -> str:
-    runs = df.drop_duplicates("run")
-    fin = runs[runs["status"] == "finished"]
-    hours = fin.get("wall_s", pd.Series(dtype=float)).sum() / 3600
-    text = f"{len(fin)} of {len(runs)} started grid points finished ({hours:.1f} h of wall time on the shared CPU)"
-    missing = runs[runs["status"] != "finished"]["run"].tolist()
-    return text + (f"; not finished here: {', '.join(missing)}." if missing else ".")
 
 
 DETR_ROWS = [  # (DETR Table 3 row, group label in the sweep's report, published AP / AP50)
@@ -202,66 +165,9 @@ def queries_table() -> str:
     return "\n".join(lines)
 
 
-REST = ("learned_rowcol", "axis2d", "normidx2d", "fourier", "relbias_axis", "irpe", "log_cpb")
-
-
-def status_table() -> str:
-    """Per task: finished grid points of each part of the plan in run_grids.sh, and the time spent."""
-    lines = ["| task | 8 main encodings x 3 seeds | PEG without padding x 3 seeds | rest of the registry x 1 seed "
-             "| wall time of finished runs |", "|---|---|---|---|---|"]
-    for task in TASKS:
-        df = load(task)
-        fin = set() if df is None else set(df[df["status"] == "finished"]["run"])
-        main = sum(f"{pe}_seed{s}" in fin for pe in MAIN for s in range(3))
-        peg = sum(f"peg+padding_mode-none_seed{s}" in fin for s in range(3))
-        rest = sum(f"{pe}_seed0" in fin for pe in REST)
-        done = pd.DataFrame() if df is None else df[df["status"] == "finished"].drop_duplicates("run")
-        hours = done.get("wall_s", pd.Series(dtype=float)).sum() / 3600
-        lines.append(f"| {task} | {main} / 24 | {peg} / 3 | {rest} / 7 | {hours:.1f} h |")
-    return "\n".join(lines)
-
-
-def resolution_table(task: str) -> str:
-    """The RoPE-ViT view: accuracy at each size, and the change from the training size."""
-    df = load(task)
-    if df is None:
-        return "(not run here)"
-    summ = report.summarize(df)
-    summ = summ[summ["group"].isin(RESOLUTION)]
-    if summ.empty:
-        return "(not run here)"
-    order = [g for g in RESOLUTION if g in set(summ["group"])]
-    table = report.markdown_table(summ, "acc", order)
-    train = summ[summ["is_train_size"].astype(bool)].set_index("group")["mean"]
-    sizes = sorted(summ["eval_size"].unique())
-    lines = ["| encoding | " + " | ".join(f"Δ @{s}px" for s in sizes) + " |", "|" + "---|" * (len(sizes) + 1)]
-    for g in order:
-        rows = summ[summ["group"] == g].set_index("eval_size")["mean"]
-        lines.append(f"| {g} | " + " | ".join(f"{rows[s] - train[g]:+.3f}" if s in rows else "-" for s in sizes) + " |")
-    return table + "\n\nChange from the training size (mean over seeds):\n\n" + "\n".join(lines)
-
-
-def peg_table() -> str:
-    """CPVT's padding ablation on every task: peg with zero padding vs without padding."""
-    lines = ["| task | PEG zero padding | PEG no padding | difference | none |", "|---|---|---|---|---|"]
-    for task in TASKS:
-        df = load(task)
-        if df is None:
-            continue
-        summ = report.summarize(df)
-        t = summ[summ["is_train_size"].astype(bool)].set_index("group")
-        cells = []
-        for g in ("peg", "peg [padding_mode=none]", "none"):
-            cells.append(report.fmt(t.loc[g, "mean"], t.loc[g, "std"], int(t.loc[g, "n"])) if g in t.index else "-")
-        diff = (f"{t.loc['peg', 'mean'] - t.loc['peg [padding_mode=none]', 'mean']:+.3f}"
-                if {"peg", "peg [padding_mode=none]"} <= set(t.index) else "-")
-        lines.append(f"| {task} | {cells[0]} | {cells[1]} | {diff} | {cells[2]} |")
-    return "\n".join(lines)
-
-
 BLOCKS = {**{f"main:{t}": (lambda t=t: main_table(t)) for t in TASKS},
           **{f"resolution:{t}": (lambda t=t: resolution_table(t)) for t in TASKS},
-          **{f"main:{t}_today": (lambda t=t: main_table(f"{t}_today")) for t in TASKS},
+          **{f"main:{t}_today": (lambda t=t: main_table(t, today_only=True)) for t in TASKS},
           **{f"today_vs_old:{t}": (lambda t=t: today_vs_old(t)) for t in TASKS},
           "peg": peg_table, "status": status_table, "detr": detr_table, "detr_queries": queries_table, "relbias_init": relbias_init_table, "redgreen": redgreen_table, "islam_table1": leakage_table1,
           "islam_table4": leakage_table4, "constant_offset": constant_offset.markdown, "provenance": lambda: freshness.markdown(freshness.check())}
