@@ -46,5 +46,32 @@ def reruns() -> str:
     return "\n".join(lines)
 
 
+# encodings whose runs the code changes since the old grid left bit-identical on one machine
+# (rerun_today.md: digits_relative seed 0 at a159f7d equalled 7ae5ef8 to every logged digit)
+UNCHANGED = ("none", "learned_abs", "relbias", "peg", "peg+padding_mode-none")
+
+
+def machines() -> str:
+    """Today's runs on the Intel Xeon against the old grid's on the AMD EPYC, same run, encodings whose
+    code path did not change: what changing the machine kind alone does."""
+    lines = ["| task | runs compared | equal to the logged digits (test loss within 1e-5) | median abs. acc difference "
+             "| largest (run) |", "|---|---|---|---|---|"]
+    for task in TASKS:
+        f = HERE / "data" / f"{task}_today.csv"
+        if not f.is_file():
+            continue
+        at = lambda df: df[df["is_train_size"].astype(bool) & (df["status"] == "finished")]  # noqa: E731
+        new = at(pd.read_csv(f))
+        new = new[new["device"].astype(str).str.startswith("Intel")
+                  & new["run"].str.replace(r"_seed\d+$", "", regex=True).isin(UNCHANGED)]
+        m = new.merge(at(pd.read_csv(HERE / "data" / f"{task}.csv")), on="run", suffixes=("", "_old"))
+        if m.empty:
+            continue
+        d = (m["acc"] - m["acc_old"]).abs()
+        same = int(((m["loss"] - m["loss_old"]).abs() < 1e-5).sum())
+        lines.append(f"| {task} | {len(m)} | {same} | {d.median():.3f} | {d.max():.3f} ({m.loc[d.idxmax(), 'run']}) |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    print(seed_spread() + "\n\n" + reruns())
+    print(seed_spread() + "\n\n" + reruns() + "\n\n" + machines())
