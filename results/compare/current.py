@@ -57,22 +57,20 @@ def _labelled(summ: pd.DataFrame, olds: set[str]) -> pd.DataFrame:
     return summ
 
 
-def _commits(df: pd.DataFrame) -> str:
-    return ", ".join(f"`{c[:7]}`" for c in dict.fromkeys(df["commit"].dropna().astype(str))) or "-"
-
-
 def banner(task: str, olds: set[str]) -> str:
-    """Which rows are from which code, and why the old ones were not rerun."""
-    root = HERE.parents[1]
-    new = load(f"{task}_today")
+    """Which rows are from which code, and why the old ones were not rerun (freshness's verdict on
+    each CSV, which also names its commits)."""
+    root, marks = HERE.parents[1], freshness.load_marks(HERE.parents[1])
+    verdict = lambda name: freshness.judge(root, HERE / "data" / f"{name}.csv", marks)  # noqa: E731
+    commits = lambda v: ", ".join(f"`{c[:7]}`" for c in v.commits) or "-"  # noqa: E731
     parts = []
-    if new is not None:
-        v = freshness.judge(root, HERE / "data" / f"{task}_today.csv", freshness.load_marks(root))
-        parts.append(f"Rows from today's code ({_commits(new)}; "
+    if (HERE / "data" / f"{task}_today.csv").is_file():
+        v = verdict(f"{task}_today")
+        parts.append(f"Rows from today's code ({commits(v)}; "
                      + ("fresh by `update.py --check`" if not v.stale else f"{v.state}: {v.mark or 'NOT MARKED'}") + ")")
     if olds:
-        v = freshness.judge(root, HERE / "data" / f"{task}.csv", freshness.load_marks(root))
-        parts.append(f"rows marked *old grid* are from {_commits(load(task))}, before issue 19's prefix rule, "
+        v = verdict(task)
+        parts.append(f"rows marked *old grid* are from {commits(v)}, before issue 19's prefix rule, "
                      f"not rerun at today's code ({v.state})")
     return "**Code**: " + "; ".join(parts) + ".\n\n"
 
