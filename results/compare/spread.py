@@ -1,10 +1,12 @@
 """The seeds' spread of every task's grid: the unit in which differences between encodings are read.
 
-    .venv/bin/python results/compare/spread.py          # Markdown table on stdout (reproducibility.md)
+    .venv/bin/python results/compare/spread.py          # the Markdown tables on stdout
 
-For each task in data/<task>.csv: over the encodings with 3 seeds, the standard deviation over seeds
-of the test accuracy at the training size (median and largest over encodings), and the rerun of
-one committed run (data/rerun_*.csv) against the run it repeats.
+update.py writes the same tables into reproducibility.md's blocks. For each task, in the old grid
+(data/<task>.csv) and at today's code (data/<task>_today.csv): over the encodings with 3 seeds, the
+standard deviation over seeds of the test accuracy at the training size (median and largest over
+encodings); the rerun of one committed run (data/rerun_*.csv) against the run it repeats; and
+today's Intel runs against the old grid's AMD runs where the code path did not change.
 """
 from __future__ import annotations
 
@@ -17,17 +19,24 @@ TASKS = ("digits_cell", "digits_relative", "digits_content_position", "digits_cl
 
 
 def seed_spread() -> str:
-    lines = ["| task | encodings with 3 seeds | median std over seeds | largest std (encoding) | 2 x median std |",
-             "|---|---|---|---|---|"]
+    """Per task, the old grid's seeds and today's (data/<task>_today.csv) side by side."""
+    lines = ["| task | grid (machine) | encodings with 3 seeds | median std over seeds | largest std (encoding) "
+             "| 2 x median std |", "|---|---|---|---|---|---|"]
     for task in TASKS:
-        df = pd.read_csv(HERE / "data" / f"{task}.csv")
-        t = df[df["is_train_size"].astype(bool) & (df["status"] == "finished")].copy()
-        t["group"] = t["run"].str.replace(r"_seed\d+$", "", regex=True)
-        g = t.groupby("group")["acc"].agg(["std", "count"])
-        g = g[g["count"] >= 3]
-        worst = g["std"].idxmax()
-        lines.append(f"| {task} | {len(g)} | {g['std'].median():.3f} | {g.loc[worst, 'std']:.3f} ({worst}) "
-                     f"| {2 * g['std'].median():.3f} |")
+        for suffix, label in (("", "old grid (AMD EPYC)"), ("_today", "today's code (mostly Intel Xeon)")):
+            f = HERE / "data" / f"{task}{suffix}.csv"
+            if not f.is_file():
+                continue
+            df = pd.read_csv(f)
+            t = df[df["is_train_size"].astype(bool) & (df["status"] == "finished")].copy()
+            t["group"] = t["run"].str.replace(r"_seed\d+$", "", regex=True)
+            g = t.groupby("group")["acc"].agg(["std", "count"])
+            g = g[g["count"] >= 3]
+            if g.empty:
+                continue
+            worst = g["std"].idxmax()
+            lines.append(f"| {task} | {label} | {len(g)} | {g['std'].median():.3f} | {g.loc[worst, 'std']:.3f} "
+                         f"({worst}) | {2 * g['std'].median():.3f} |")
     return "\n".join(lines)
 
 

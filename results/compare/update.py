@@ -33,6 +33,7 @@ import freshness  # noqa: E402  (results/compare/freshness.py, beside this file)
 from current import TASKS, load, main_table, peg_table, resolution_table, status_table  # noqa: E402  (beside this file)
 from tables_padding import leakage_table1, leakage_table4, redgreen_table  # noqa: E402  (beside this file)
 import constant_offset  # noqa: E402  (beside this file: the constant-offset measurement, seconds)
+import spread  # noqa: E402  (beside this file: the seeds' and machines' spread, reproducibility.md)
 
 SWEEPS = TASKS + ("shapes_detr", "shapes_detr_queries", "relbias_init_vit", "relbias_init_torch")
 INITS = (("relbias_init_vit", "ViT / timm default (`weight_init=''`: trunc-normal 0.02, zero biases)"),
@@ -170,7 +171,9 @@ BLOCKS = {**{f"main:{t}": (lambda t=t: main_table(t)) for t in TASKS},
           **{f"main:{t}_today": (lambda t=t: main_table(t, today_only=True)) for t in TASKS},
           **{f"today_vs_old:{t}": (lambda t=t: today_vs_old(t)) for t in TASKS},
           "peg": peg_table, "status": status_table, "detr": detr_table, "detr_queries": queries_table, "relbias_init": relbias_init_table, "redgreen": redgreen_table, "islam_table1": leakage_table1,
-          "islam_table4": leakage_table4, "constant_offset": constant_offset.markdown, "provenance": lambda: freshness.markdown(freshness.check())}
+          "islam_table4": leakage_table4, "constant_offset": constant_offset.markdown,
+          **{f"spread:{f.__name__}": f for f in (spread.seed_spread, spread.reruns, spread.machines)},
+          "provenance": lambda: freshness.markdown(freshness.check())}
 
 
 def fill(md: Path) -> None:
