@@ -11,13 +11,16 @@ cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-runs/sweeps/shapes_detr_queries}
 FOCAL="task.weight_ce=2 task.cost_class=2"
+# configs/shapes_detr.yaml defaults to DAB-DETR + BoxRPB with a temperature-20 sine: every row but
+# BoxRPB's pins the box bias off, and Conditional DETR keeps the sine's own temperature (10000)
+NOBIAS="detr.box_bias=null"
 mkdir -p "$(dirname "$OUT")"
 sweep() { $PY -m vispe.sweep --config configs/shapes_detr.yaml --out "$OUT" --threads 1 "$@"; }
-cond() { sweep --pe sine --vary detr.decoder=conditional --seeds "$1" $FOCAL; }
-dab() { sweep --pe sine --vary detr.decoder=dab --seeds "$1" $FOCAL model.pe_kwargs.temperature=20; }
+cond() { sweep --pe sine --vary detr.decoder=conditional --seeds "$1" $FOCAL $NOBIAS model.pe_kwargs={}; }
+dab() { sweep --pe sine --vary detr.decoder=dab --seeds "$1" $FOCAL $NOBIAS model.pe_kwargs.temperature=20; }
 boxrpb() { sweep --pe sine --vary detr.decoder=dab --vary detr.box_bias=boxrpb --seeds "$1" $FOCAL model.pe_kwargs.temperature=20; }
-rope_axial() { sweep --pe sine --vary detr.decoder=dab --vary detr.dec_pe=rope_axial --seeds "$1" $FOCAL model.pe_kwargs.temperature=20; }
-rope_mixed() { sweep --pe sine --vary detr.decoder=dab --vary detr.dec_pe=rope_mixed --seeds "$1" $FOCAL model.pe_kwargs.temperature=20; }
+rope_axial() { sweep --pe sine --vary detr.decoder=dab --vary detr.dec_pe=rope_axial --seeds "$1" $FOCAL $NOBIAS model.pe_kwargs.temperature=20; }
+rope_mixed() { sweep --pe sine --vary detr.decoder=dab --vary detr.dec_pe=rope_mixed --seeds "$1" $FOCAL $NOBIAS model.pe_kwargs.temperature=20; }
 # seed 0 of every row first, so that a partial run still has every row
 ( cond 0; boxrpb 0; rope_mixed 0; cond 1; boxrpb 1; rope_mixed 1; cond 2; boxrpb 2 ) > "${OUT}_lane1.log" 2>&1 &
 ( dab 0; rope_axial 0; dab 1; rope_axial 1; dab 2; rope_axial 2; rope_mixed 2 ) > "${OUT}_lane2.log" 2>&1 &

@@ -11,8 +11,10 @@ set -u
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-runs/sweeps/shapes_detr}
-# DETR's own design and losses, pinned: configs/shapes_detr.yaml now defaults to DAB-DETR (issue 25)
-DETR="detr.decoder=detr task.weight_ce=1 task.cost_class=1"
+# DETR's own design, losses and sine, pinned: configs/shapes_detr.yaml now defaults to DAB-DETR with
+# Plain-DETR's box bias and a temperature-20 sine (issue 25); model.pe_kwargs={} restores each
+# encoding's own settings (sine: temperature 10000). tests/test_compare_scripts.py checks the pins.
+DETR="detr.decoder=detr detr.box_bias=null task.weight_ce=1 task.cost_class=1 model.pe_kwargs={}"
 sweep() { $PY -m vispe.sweep --config configs/shapes_detr.yaml --out "$OUT" --threads 1 "$@" $DETR; }
 row1() { sweep --pe none --vary detr.query_pos_at=input --seeds "$1"; }                       # no position
 row2() { sweep --pe sine --vary detr.pe_at=input --vary detr.query_pos_at=input --seeds "$1"; } # sine at input

@@ -3,13 +3,16 @@ snapshot of that commit and from this checkout, and compare their summaries exac
 
     python results/compare/same_numbers.py --old <sha> --config configs/digits_relative.yaml \
         --pe sine,rope_axial,relbias,learned_abs [override ...]
+    python results/compare/same_numbers.py --old d894cd3 --config configs/shapes_detr.yaml --pe sine \
+        --head "detr.decoder=detr detr.box_bias=null task.weight_ce=1 task.cost_class=1 model.pe_kwargs={}"
 
 The snapshot is ``git archive <sha>`` (made under ``runs/_code/<sha>`` when missing). Each run is
 ``train.py --config ... --smoke model.pe=<pe> train.threads=1`` plus the overrides; the final train
 loss, every evaluated accuracy and the step count must be equal to the last bit. Equal numbers on
 the smoke runs show that the code path those runs take computes the same thing at both commits
 (a check for marking a CSV whose commit differs from HEAD only in code its runs do not reach);
-they do not replace a rerun when the numbers differ.
+they do not replace a rerun when the numbers differ. ``--head`` adds overrides at HEAD only: the
+pins that restore a config default changed since ``--old`` (keys the old commit may not know).
 """
 from __future__ import annotations
 
@@ -52,11 +55,29 @@ def _numbers(d: dict) -> dict:
             if not (k.endswith("_time_s") or k.endswith("_s") or k in ("img_per_s", "peak_mem_mb"))}
 
 
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def _where(then: dict, now: dict) -> str:
+    """Which numbers differ and by how much (relative), e.g. `` (4 numbers, largest 1e-07 at eval.64.loss)``."""
+    a, b = _flat(then), _flat(now)
+    diff = {k: (a.get(k), b.get(k)) for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
+    rel = {k: abs(x - y) / max(abs(x), abs(y), 1e-12) if isinstance(x, float) and isinstance(y, float) else float("inf")
+           for k, (x, y) in diff.items()}
+    worst = max(rel, key=rel.get)
+    return f" ({len(diff)} numbers, largest relative difference {rel[worst]:.1e} at {worst})"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--old", required=True, help="the commit a results CSV names")
     p.add_argument("--config", required=True)
     p.add_argument("--pe", required=True, help="comma-separated encodings")
+    p.add_argument("--head", default="", help="space-separated overrides for HEAD only (defaults changed since --old)")
     p.add_argument("overrides", nargs="*")
     a = p.parse_args(argv)
     old = snapshot(a.old)
@@ -64,11 +85,11 @@ def main(argv=None) -> int:
     for pe in a.pe.split(","):
         with tempfile.TemporaryDirectory() as d:
             then = numbers(old, a.config, pe, a.overrides, Path(d) / "old")
-            now = numbers(ROOT, a.config, pe, a.overrides, Path(d) / "new")
+            now = numbers(ROOT, a.config, pe, [*a.overrides, *a.head.split()], Path(d) / "new")
         ok = then == now
         same &= ok
-        print(f"{pe:12s} {'same' if ok else 'DIFFERENT'}: {a.old[:7]} {json.dumps(then)} | HEAD {json.dumps(now)}",
-              flush=True)
+        print(f"{pe:12s} {'same' if ok else 'DIFFERENT' + _where(then, now)}: {a.old[:7]} {json.dumps(then)} | "
+              f"HEAD {json.dumps(now)}", flush=True)
     return 0 if same else 1
 
 

@@ -1,0 +1,91 @@
+"""The DETR sweep scripts of results/compare still ask for the runs their tables hold.
+
+configs/shapes_detr.yaml changed its defaults after the tables ran (DAB-DETR + BoxRPB, a
+temperature-20 sine), so a script that leaned on the old defaults would now run other designs, or
+fail to build one (Conditional DETR with a box bias). Each script runs here with a ``PY`` that only
+records its ``vispe.sweep`` invocations; every recorded point must be a run of the script's CSV,
+resolve to that run's design, and build."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from vispe.sweep import cli
+from vispe.train import config as C
+from vispe.train.tasks import get_task
+
+ROOT = Path(__file__).resolve().parents[1]
+HERE = ROOT / "results" / "compare"
+RECORDER = "import json, os, sys\nopen(os.environ['SWEEP_LOG'], 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+
+
+def recorded_points(script: str, tmp_path: Path) -> list[tuple[str, object]]:
+    """(run name, resolved config) of every point the script asks ``vispe.sweep`` for."""
+    fake, log = tmp_path / "py", tmp_path / "calls.jsonl"
+    fake.write_text(f"#!{sys.executable}\n{RECORDER}")
+    fake.chmod(0o755)
+    env = {**os.environ, "PY": str(fake), "OUT": str(tmp_path / "sweep"), "SWEEP_LOG": str(log)}
+    subprocess.run(["bash", str(HERE / script)], env=env, check=True, capture_output=True, timeout=60)
+    points = []
+    for line in log.read_text().splitlines():
+        argv = json.loads(line)
+        assert argv[:2] == ["-m", "vispe.sweep"], argv
+        args = cli.parse_args(argv[2:])
+        config, out, pts, overrides = cli.plan(args)
+        points += [(pt.name, C.load_config(config, [*overrides, *pt.overrides(out)])) for pt in pts]
+    return points
+
+
+def csv_runs(name: str) -> set[str]:
+    return set(pd.read_csv(HERE / "data" / name)["run"])
+
+
+def builds(cfg) -> None:
+    task = get_task(cfg.task)
+    task.model(cfg, task.info(cfg), cfg.data.img_size or 64)
+
+
+def test_table3_script_asks_for_detr_s_own_design(tmp_path):
+    points = recorded_points("run_detr_table3.sh", tmp_path)
+    assert {n for n, _ in points} == csv_runs("shapes_detr.csv")
+    for name, cfg in points:
+        assert (cfg.detr.decoder, cfg.detr.box_bias) == ("detr", None), name
+        assert (cfg.task.weight_ce, cfg.task.cost_class) == (1, 1), name
+        assert OmegaConf.to_container(cfg.model.pe_kwargs) == {}, f"{name}: the encoding's own settings"
+    for name, cfg in points:
+        if name.endswith("_seed0"):
+            builds(cfg)
+
+
+def test_queries_script_asks_for_the_designs_its_table_names(tmp_path):
+    points = recorded_points("run_detr_queries.sh", tmp_path)
+    assert {n for n, _ in points} == csv_runs("shapes_detr_queries.csv")
+    for name, cfg in points:
+        decoder = "conditional" if "decoder-conditional" in name else "dab"
+        assert cfg.detr.decoder == decoder, name
+        assert cfg.detr.box_bias == ("boxrpb" if "box_bias-boxrpb" in name else None), name
+        assert cfg.detr.dec_pe == next((r for r in ("rope_axial", "rope_mixed") if r in name), None), name
+        kwargs = OmegaConf.to_container(cfg.model.pe_kwargs)
+        assert kwargs == ({} if decoder == "conditional" else {"temperature": 20}), name
+        assert (cfg.task.weight_ce, cfg.task.cost_class) == (2, 2), name
+    for name, cfg in points:
+        if name.endswith("_seed0"):
+            builds(cfg)
+
+
+def test_same_numbers_names_what_differs():
+    """same_numbers.py's DIFFERENT line says which numbers moved and by how much (the evidence of a mark)."""
+    sys.path.insert(0, str(HERE))
+    import same_numbers
+
+    then = {"steps": 8, "final": {"train_loss": 2.0, "AP": 0.5}, "eval": {"64": {"loss": 1.0}}}
+    now = {"steps": 8, "final": {"train_loss": 2.0, "AP": 0.5}, "eval": {"64": {"loss": 1.0 + 1e-6}}}
+    assert same_numbers._where(then, now) == " (1 numbers, largest relative difference 1.0e-06 at eval.64.loss)"
+    now["steps"] = 9  # a count that differs is not a rounding difference
+    assert same_numbers._where(then, now).endswith("largest relative difference inf at steps)")
