@@ -63,7 +63,7 @@ UNCHANGED = ("none", "learned_abs", "relbias", "peg", "peg+padding_mode-none")
 def machines() -> str:
     """Today's runs on the Intel Xeon against the old grid's on the AMD EPYC, same run, encodings whose
     code path did not change: what changing the machine kind alone does."""
-    lines = ["| task | runs compared | equal to the logged digits (test loss within 1e-5) | median abs. acc difference "
+    lines = ["| task | runs compared | nearly equal (test loss within 1e-5) | median abs. acc difference "
              "| largest (run) |", "|---|---|---|---|---|"]
     for task in TASKS:
         f = HERE / "data" / f"{task}_today.csv"
