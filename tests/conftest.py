@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,22 @@ def load_train_main():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.main
+
+
+def load_compare_script(name: str):
+    """``results/compare/<name>.py`` as a module (scripts beside the results, not part of the package)."""
+    path = Path(__file__).resolve().parents[1] / "results" / "compare" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def md_block(md: Path, name: str) -> str | None:
+    """The text of ``md`` between ``<!-- BEGIN name -->`` and ``<!-- END name -->`` (the markers that
+    results/compare/update.py and run_rope_scaling.py fill), or None when the block is missing."""
+    m = re.search(rf"<!-- BEGIN {re.escape(name)} -->\n(.*?)\n<!-- END {re.escape(name)} -->", md.read_text(), re.S)
+    return m.group(1) if m else None
 
 
 def execute_notebook(path: Path, monkeypatch, last_cell: str):

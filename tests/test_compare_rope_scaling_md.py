@@ -1,30 +1,25 @@
 """results/compare/rope_scaling.md holds the tables that run_rope_scaling.py builds from today's CSVs."""
 from __future__ import annotations
 
-import importlib.util
-import re
 from pathlib import Path
 
 import pytest
+from conftest import load_compare_script, md_block
 
 HERE = Path(__file__).resolve().parents[1] / "results" / "compare"
 
 
 @pytest.fixture(scope="module")
 def rs():
-    spec = importlib.util.spec_from_file_location("run_rope_scaling", HERE / "run_rope_scaling.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_compare_script("run_rope_scaling")
 
 
 @pytest.mark.parametrize("block", ["scaling:digits_cell", "centring"])
 def test_rope_scaling_md_holds_today_s_tables(rs, block):
-    text = (HERE / "rope_scaling.md").read_text()
-    m = re.search(rf"<!-- BEGIN {re.escape(block)} -->\n(.*?)\n<!-- END {re.escape(block)} -->", text, re.S)
-    assert m, f"rope_scaling.md lost its {block} block"
+    got = md_block(HERE / "rope_scaling.md", block)
+    assert got is not None, f"rope_scaling.md lost its {block} block"
     want = rs.centring_table() if block == "centring" else rs.scaling_table(block.split(":")[1])
-    assert m.group(1) == want, "run .venv/bin/python results/compare/run_rope_scaling.py --report"
+    assert got == want, "run .venv/bin/python results/compare/run_rope_scaling.py --report"
 
 
 def test_centring_table_compares_defaults_only(rs):

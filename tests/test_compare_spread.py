@@ -2,12 +2,12 @@
 finished seeds, and reproducibility.md holds the tables that the committed CSVs give today."""
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import md_block
 
 HERE = Path(__file__).resolve().parents[1] / "results" / "compare"
 sys.path.insert(0, str(HERE))
@@ -42,7 +42,6 @@ def test_seed_spread_reads_both_grids_and_only_three_seed_groups(tmp_path, monke
 
 @pytest.mark.parametrize("name", ["seed_spread", "reruns", "machines"])
 def test_reproducibility_md_holds_today_s_tables(name):
-    text = (HERE / "reproducibility.md").read_text()
-    block = re.search(rf"<!-- BEGIN spread:{name} -->\n(.*?)\n<!-- END spread:{name} -->", text, re.S)
-    assert block, f"reproducibility.md lost its spread:{name} block"
-    assert block.group(1) == getattr(spread, name)(), "run .venv/bin/python results/compare/update.py"
+    block = md_block(HERE / "reproducibility.md", f"spread:{name}")
+    assert block is not None, f"reproducibility.md lost its spread:{name} block"
+    assert block == getattr(spread, name)(), "run .venv/bin/python results/compare/update.py"

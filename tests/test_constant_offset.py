@@ -2,22 +2,18 @@
 behaves as the note reads it, and the note's tables are what the code gives today."""
 from __future__ import annotations
 
-import importlib.util
 import math
-import re
 from pathlib import Path
 
 import pytest
+from conftest import load_compare_script, md_block
 
 HERE = Path(__file__).resolve().parents[1] / "results" / "compare"
 
 
 @pytest.fixture(scope="module")
 def co():
-    spec = importlib.util.spec_from_file_location("constant_offset", HERE / "constant_offset.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_compare_script("constant_offset")
 
 
 @pytest.mark.parametrize("pe", ["sine", "sincos2d"])
@@ -38,7 +34,6 @@ def test_normalised_sine_does_not_depend_on_the_grid_and_index_sincos_does(co):
 
 
 def test_the_note_holds_today_s_tables(co):
-    text = (HERE / "constant_offset.md").read_text()
-    block = re.search(r"<!-- BEGIN constant_offset -->\n(.*?)\n<!-- END constant_offset -->", text, re.S)
-    assert block, "constant_offset.md lost its table block"
-    assert block.group(1) == co.markdown(), "run .venv/bin/python results/compare/update.py"
+    block = md_block(HERE / "constant_offset.md", "constant_offset")
+    assert block is not None, "constant_offset.md lost its table block"
+    assert block == co.markdown(), "run .venv/bin/python results/compare/update.py"

@@ -18,6 +18,10 @@ HERE = Path(__file__).resolve().parent
 TASKS = ("digits_cell", "digits_relative", "digits_content_position", "digits_class")
 
 
+def _finished_at_train_size(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df["is_train_size"].astype(bool) & (df["status"] == "finished")]
+
+
 def seed_spread() -> str:
     """Per task, the old grid's seeds and today's (data/<task>_today.csv) side by side."""
     lines = ["| task | grid (machine) | encodings with 3 seeds | median std over seeds | largest std (encoding) "
@@ -28,7 +32,7 @@ def seed_spread() -> str:
             if not f.is_file():
                 continue
             df = pd.read_csv(f)
-            t = df[df["is_train_size"].astype(bool) & (df["status"] == "finished")].copy()
+            t = _finished_at_train_size(df).copy()
             t["group"] = t["run"].str.replace(r"_seed\d+$", "", regex=True)
             g = t.groupby("group")["acc"].agg(["std", "count"])
             g = g[g["count"] >= 3]
@@ -69,11 +73,11 @@ def machines() -> str:
         f = HERE / "data" / f"{task}_today.csv"
         if not f.is_file():
             continue
-        at = lambda df: df[df["is_train_size"].astype(bool) & (df["status"] == "finished")]  # noqa: E731
-        new = at(pd.read_csv(f))
+        new = _finished_at_train_size(pd.read_csv(f))
         new = new[new["device"].astype(str).str.startswith("Intel")
                   & new["run"].str.replace(r"_seed\d+$", "", regex=True).isin(UNCHANGED)]
-        m = new.merge(at(pd.read_csv(HERE / "data" / f"{task}.csv")), on="run", suffixes=("", "_old"))
+        m = new.merge(_finished_at_train_size(pd.read_csv(HERE / "data" / f"{task}.csv")), on="run",
+                      suffixes=("", "_old"))
         if m.empty:
             continue
         d = (m["acc"] - m["acc_old"]).abs()
