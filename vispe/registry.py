@@ -48,9 +48,36 @@ def suggest(name: str, n: int = 4) -> list[str]:
     return list(dict.fromkeys(parts + close))[:n]
 
 
+#: an example value of each argument a model passes to its encodings (for the error that names a missing one)
+_EXAMPLES = {"dim": "256", "head_dim": "32", "num_heads": "8", "grid": "(14, 14)"}
+
+
+def required_args(name: str) -> list[str]:
+    """The arguments ``build(name, ...)`` cannot do without (the constructor's parameters without a
+    default), e.g. ``["head_dim", "num_heads"]`` for ``rope_axial``. Inside a model (``create_vit``,
+    ``create_detr``) the model passes them (``build_in``)."""
+    params = inspect.signature(get(name).__init__).parameters.values()
+    return [p.name for p in params if p.name != "self" and p.default is inspect.Parameter.empty
+            and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+
+
 def build(name: str, **kwargs):
-    """Instantiate the encoding registered under ``name`` with ``kwargs``."""
+    """Instantiate the encoding registered under ``name`` with ``kwargs`` (``required_args(name)``
+    must be among them: a missing one is a ValueError saying what to pass)."""
     cls = get(name)
+    missing = [a for a in required_args(name) if a not in kwargs]
+    if missing:
+        need = required_args(name)
+        example = {a: kwargs[a] if a in kwargs else _EXAMPLES.get(a, "...") for a in need}
+        note = ""
+        if "head_dim" in missing and isinstance(kwargs.get("dim"), int):  # the model width is not the head's
+            heads = kwargs.get("num_heads", 8)
+            example["head_dim"] = kwargs["dim"] // heads if isinstance(heads, int) and heads > 0 else "..."
+            note = f" (head_dim is each head's channels: dim // num_heads; dim={kwargs['dim']!r} alone does not say it)"
+        example = ", ".join(f"{a}={v!r}" if a in kwargs else f"{a}={v}" for a, v in example.items())
+        raise ValueError(f"encoding {name!r} needs {' and '.join(missing)} (missing; it requires "
+                         f"{', '.join(need)}){note}: pass {'it' if len(missing) == 1 else 'them'}, e.g. "
+                         f"vispe.build({name!r}, {example}); a model (create_vit, create_detr) passes them itself")
     try:
         return cls(**kwargs)
     except TypeError as e:  # an unknown keyword: say which encoding and what it takes

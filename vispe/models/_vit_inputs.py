@@ -7,10 +7,14 @@
   rules DETR shares.
 * ``patch_mask``: the rule from pixels to patches: a patch is padding when ALL its pixels are.
 * ``masked_pool``: timm's global pooling over the valid tokens only.
+* ``embed_patches``: timm's ``PatchEmbed`` without its size assertion, which ``check_images`` has
+  already made: the assertion's message is an f-string of H and W, and formatting a symbolic size
+  makes torch.compile specialise it, so every new image size recompiled (issue 41).
 """
 from __future__ import annotations
 
 import torch
+from timm.layers import Format, PatchEmbed, nchw_to
 
 from vispe import _checks
 
@@ -21,6 +25,26 @@ def check_images(x, mask, *, patch_size: tuple[int, int], in_chans: int, check_f
     """Refuse images ``x`` (B, C, H, W) and padding mask (B, H, W) a ViT cannot run on (the rules
     every vispe model shares: ``vispe._checks.images``)."""
     _checks.images("x", x, mask, in_chans=in_chans, multiple_of=patch_size, check_finite=check_finite)
+
+
+def embed_patches(patch_embed, x: torch.Tensor) -> torch.Tensor:
+    """``patch_embed(x)`` for images ``x`` (B, C, H, W) that ``check_images`` accepted.  # (B, N, C) or NHWC
+
+    timm's ``PatchEmbed.forward`` checks that H and W are multiples of the patch size with a message
+    that formats H and W; under torch.compile that formatting turns the symbolic H and W into
+    constants (a recompile at every new size, also with ``dynamic=True``). The check is made outside,
+    by ``check_images`` (which formats sizes only when it fails), so here timm's module runs its
+    projection, flattening and norm alone. Any other patch embedding (or timm's with
+    ``dynamic_img_pad``) is called as it is.
+    """
+    if type(patch_embed) is not PatchEmbed or patch_embed.dynamic_img_pad:
+        return patch_embed(x)
+    x = patch_embed.proj(x)  # (B, C, h, w)
+    if patch_embed.flatten:
+        x = x.flatten(2).transpose(1, 2)  # (B, h*w, C)
+    elif patch_embed.output_fmt != Format.NCHW:
+        x = nchw_to(x, patch_embed.output_fmt)
+    return patch_embed.norm(x)
 
 
 def patch_mask(mask: torch.Tensor, patch_size) -> torch.Tensor:
