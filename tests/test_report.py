@@ -103,3 +103,17 @@ def test_a_detection_sweep_reports_its_primary_metric(tmp_path):
     text = report.write_report(s).read_text()
     assert "| encoding | seeds | AP @32px (train) | AP @48px |" in text
     assert "| sine [pe_at=input] | 2 | 0.350 ± 0.071 |" in text and "| none [query_pos_at=input] | 1 |" in text
+
+
+def test_a_failed_run_says_why_and_is_not_told_to_rerun_as_it_is(sweep):
+    """issue 41, item 1: a point that failed (train.py exit 2) shows train.py's error line in the
+    report, which says the cause must be fixed first (a plain rerun fails the same way)."""
+    run = make_run(sweep, "peg", 1, {}, finished=False)
+    point = json.loads((run / "point.json").read_text())
+    (run / "point.json").write_text(json.dumps({**point, "last_rc": 2}))
+    (run / "train.log").write_text("\n$ python train.py --resume\ntrain.py: error: model.pe_kwargs={'x': 1}: bad\n")
+    lines = report.status_lines(collect.collect(sweep), sweep)
+    assert "- `peg_seed1`: failed: `train.py: error: model.pe_kwargs={'x': 1}: bad`" in lines
+    assert "- `sine_seed2`: unfinished" in lines and lines[-1].startswith("Failed runs stop again until")
+    (run / "train.log").write_text("$ python train.py\nTraceback (most recent call last):\n  File x\nKeyError: 'k'\n")
+    assert collect.last_error(run) == "KeyError: 'k'"

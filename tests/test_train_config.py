@@ -76,8 +76,21 @@ def test_yaml_file_keys_are_checked_too(tmp_path):
     f.write_text("train:\n  epochs: many\n")
     with pytest.raises(C.ConfigError, match=r"config key train.epochs='many' in .*bad.yaml: expected int"):
         C.load_config(f)
-    with pytest.raises(C.ConfigError, match="does not exist"):
+    with pytest.raises(C.ConfigError, match="does not exist$"):  # nothing near it: no suggestion
         C.load_config(tmp_path / "missing.yaml")
+
+
+def test_a_mistyped_config_path_gets_a_suggestion(tmp_path, monkeypatch):
+    """issue 41, item 10: the nearest file names in the path's folder and in the repository's configs/."""
+    (tmp_path / "exp_one.yaml").write_text("")
+    with pytest.raises(C.ConfigError, match=r"does not exist; did you mean '.*exp_one.yaml'\?$"):
+        C.load_config(tmp_path / "exp_on.yaml")
+    monkeypatch.chdir(ROOT)
+    for typo, want in (("configs/shape_detr.yaml", "'configs/shapes_detr.yaml'"),
+                       ("confgs/digits_cell.yaml", "'configs/digits_cell.yaml'"),
+                       ("configs/coco_detr.yml", "'configs/coco_detr.yaml'")):
+        with pytest.raises(C.ConfigError, match="did you mean " + re.escape(want)):
+            C.load_config(typo)
 
 
 def test_precedence_file_then_smoke_then_command_line(tmp_path):

@@ -153,9 +153,15 @@ def status_lines(df: pd.DataFrame, sweep_dir: Path) -> list[str]:
     missing = runs[runs["status"] != "finished"]
     if missing.empty:
         return [f"All {len(runs)} runs finished."]
+    from vispe.sweep.collect import last_error
+
     lines = [f"{len(runs) - len(missing)} of {len(runs)} runs finished; not finished here (partial):"]
-    lines += [f"- `{r.run}`: {r.status}" for r in missing.itertuples()]
-    lines.append("Continue with the same sweep command(s) listed below: finished runs are skipped, "
+    for r in missing.itertuples():
+        err = last_error(Path(sweep_dir) / r.run) if r.status == "failed" else None
+        lines.append(f"- `{r.run}`: {r.status}" + (f": `{err}`" if err else ""))
+    failed = "Failed runs stop again until their cause is fixed (their train.log says why); then c" \
+        if (missing["status"] == "failed").any() else "C"
+    lines.append(f"{failed}ontinue with the same sweep command(s) listed below: finished runs are skipped, "
                  "interrupted ones resume from their checkpoints.")
     return lines
 

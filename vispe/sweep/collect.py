@@ -27,6 +27,24 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
+def last_error(folder: Path) -> str | None:
+    """The last error line train.py wrote to ``<folder>/train.log`` (``train.py: error: ...`` or a
+    traceback's last line), or None."""
+    try:
+        lines = (Path(folder) / "train.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if line.startswith("train.py: error:") or line.startswith(("Traceback", "$ ")):
+            break
+    else:
+        return None
+    if line.startswith("train.py: error:"):
+        return line.strip()
+    tail = [x for x in lines[lines.index(line):] if x.strip()]
+    return tail[-1].strip() if line.startswith("Traceback") and len(tail) > 1 else None
+
+
 def run_status(folder: Path, point: dict | None) -> str:
     from vispe.train import rundir
 

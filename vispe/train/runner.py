@@ -86,6 +86,19 @@ def build_model(task, cfg: DictConfig, data: Data) -> torch.nn.Module:
                          f"{type(e).__name__}: {e}") from e
 
 
+def check_model(cfg: DictConfig) -> None:
+    """Build ``cfg``'s model once from the data set's description alone (no data read or written) and
+    drop it: a SetupError says why it cannot be built. ``python -m vispe.sweep`` checks every point so."""
+    from vispe.train.tasks import get_task
+
+    task = get_task(cfg.task)
+    try:
+        info = task.info(cfg)
+    except Exception as e:
+        raise SetupError(f"data.name={cfg.data.name!r}: {type(e).__name__}: {e}") from e
+    build_model(task, cfg, Data(info, cfg.data.img_size or info.img_size, None, None))
+
+
 def build_optimizer(cfg: DictConfig, model: torch.nn.Module, task=None) -> torch.optim.Optimizer:
     """AdamW / SGD through timm, which keeps biases, norms and position tables out of weight decay;
     a task with ``param_groups`` (detection: DETR's backbone learning rate) gives the groups itself."""
