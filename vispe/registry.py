@@ -64,7 +64,6 @@ def required_args(name: str) -> list[str]:
 def build(name: str, **kwargs):
     """Instantiate the encoding registered under ``name`` with ``kwargs`` (``required_args(name)``
     must be among them: a missing one is a ValueError saying what to pass)."""
-    cls = get(name)
     missing = [a for a in required_args(name) if a not in kwargs]
     if missing:
         need = required_args(name)
@@ -78,6 +77,11 @@ def build(name: str, **kwargs):
         raise ValueError(f"encoding {name!r} needs {' and '.join(missing)} (missing; it requires "
                          f"{', '.join(need)}){note}: pass {'it' if len(missing) == 1 else 'them'}, e.g. "
                          f"vispe.build({name!r}, {example}); a model (create_vit, create_detr) passes them itself")
+    return _construct(name, kwargs)
+
+
+def _construct(name: str, kwargs: dict):
+    cls = get(name)
     try:
         return cls(**kwargs)
     except TypeError as e:  # an unknown keyword: say which encoding and what it takes
@@ -93,7 +97,9 @@ def build_in(name: str, context: dict, **kwargs):
     params = inspect.signature(get(name).__init__).parameters
     takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     ctx = {k: v for k, v in context.items() if takes_all or k in params}
-    return build(name, **{**ctx, **kwargs})
+    # a missing argument is the model's to name (e.g. DETR's grid: train.py says detr.grid), so it
+    # keeps Python's wording here, not build()'s advice on what to pass to vispe.build
+    return _construct(name, {**ctx, **kwargs})
 
 
 def available(family: str | None = None) -> list[str]:

@@ -82,7 +82,7 @@ def build_model(task, cfg: DictConfig, data: Data) -> torch.nn.Module:
     try:
         return task.model(cfg, data.info, data.img_size)
     except Exception as e:  # unknown encoding or model name, bad kwargs
-        raise SetupError(f"model.name={cfg.model.name!r} with model.pe={cfg.model.pe!r} could not be built: "
+        raise SetupError(f"the model (model.name={cfg.model.name!r}, model.pe={cfg.model.pe!r}) could not be built: "
                          f"{type(e).__name__}: {e}") from e
 
 

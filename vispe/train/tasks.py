@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
-from vispe.train.config_words import reword
+from vispe.train.config_words import check_encodings, reword
 from vispe.train.detection import DetectionTask
 
 #: model fields passed to create_vit only when set (None keeps the preset's value)
@@ -69,6 +69,7 @@ class ClassificationTask:
         from vispe.models.vit import create_vit
 
         m = cfg.model
+        check_encodings({"model.pe": m.pe})
         kw = {k: m[k] for k in OPTIONAL_MODEL_FIELDS if m[k] is not None}
         clash = sorted(set(kw) & set(m.kwargs))
         if clash:
