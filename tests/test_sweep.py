@@ -194,7 +194,9 @@ def test_config_settings_follow_its_encoding_and_dry_run_builds_every_point(tmp_
     text = capsys.readouterr().out
     assert "none runs without them" in text and "model built" in text and "none_seed0" in text
     args = cli.parse_args(base)
-    points = {p.pe: p for p in cli.plan(args)[2]}
+    plan = cli.plan(args)
+    assert plan.labels == {"none_seed0": "none (dab, boxrpb)", "sine_seed0": "sine (dab, boxrpb)"}  # item 6
+    points = {p.pe: p for p in plan.points}
     cfg = {pe: C.load_config(detr, p.overrides(out)) for pe, p in points.items()}
     assert dict(cfg["none"].model.pe_kwargs) == {} and dict(cfg["sine"].model.pe_kwargs) == {"temperature": 20}
     for explicit in (["model.pe_kwargs.temperature=30"], ["--vary", "model.pe_kwargs.temperature=20,30"]):

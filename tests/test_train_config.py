@@ -131,3 +131,52 @@ def test_required_configs_exist():
     names = {p.stem for p in CONFIGS}
     assert {"default", "cifar10_vit", "digits_class", "digits_cell", "digits_relative",
             "digits_content_position"} <= names
+
+
+def header_commands(path: Path) -> list[list[str]]:
+    """The train.py commands of a config's header, as argument lists after ``train.py`` (a ``...``
+    line continues the first command with its own overrides; backslash lines are joined)."""
+    import shlex
+
+    lines = [line[1:].strip() for line in path.read_text().splitlines() if line.startswith("#   ")]
+    joined, cur = [], ""
+    for line in lines:
+        cur += " " + line
+        if not line.endswith("\\"):
+            joined.append(cur.replace("\\", " ").split(" #")[0].strip())
+            cur = ""
+    out, first = [], None
+    for cmd in joined:
+        if not cmd.startswith(("python ", "torchrun ", "... ")):
+            continue  # prose
+        words = shlex.split(cmd)
+        if "train.py" in words:
+            args = words[words.index("train.py") + 1:]
+            first = first or args
+            out.append(args)
+        elif words[:1] == ["..."]:
+            out.append([*first, *words[1:]])
+    return out
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_header_commands_that_train_different_things_use_different_run_folders(path):
+    """issue 41, item 6: shapes_detr.yaml's variant commands wrote into the default run's folder (then
+    refused: it holds a finished run). Commands with one run folder differ only in resumable keys."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_script_for_headers", ROOT / "train.py")
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    folders = {}
+    for argv in header_commands(path):
+        args = train.parse_args(argv)
+        if args.resume:
+            continue
+        cfg = C.load_config(ROOT / args.config if args.config else train.DEFAULT_CONFIG, args.overrides, smoke=args.smoke)
+        folders.setdefault(cfg.train.run_name, []).append((argv, cfg))
+    assert folders, path
+    for name, runs in folders.items():
+        for argv, cfg in runs[1:]:
+            differ = [k for k in C.diff(runs[0][1], cfg) if k not in C.RESUMABLE_KEYS]
+            assert not differ, f"{path.name}: {argv} trains another model ({differ}) into runs/{name}"

@@ -46,7 +46,7 @@ def setup(tmp_path_factory):
 
 
 def test_detection_run_writes_coco_metrics_pictures_and_a_comparison(setup):
-    tmp, _, _ = setup
+    tmp = setup[0]
     run = tmp / "runs" / "straight"
     summary = json.loads((run / "sine" / "summary.json").read_text())
     assert summary["primary"] == "AP" and summary["task"] == "detection" and summary["steps"] == 6
@@ -60,7 +60,11 @@ def test_detection_run_writes_coco_metrics_pictures_and_a_comparison(setup):
     assert (run / "sine" / "predictions" / "epoch_001.png").is_file()
     assert (run / "sine" / "predictions" / "epoch_002.png").stat().st_size > 0
     table = (run / "comparison.md").read_text()
-    assert "test AP @48px" in table and "| none |" in table and "| sine |" in table
+    # issue 41, item 6: a run is labelled by its design too (shapes_detr.yaml: DAB-DETR with BoxRPB)
+    assert "test AP @48px" in table and "| none (dab, boxrpb) |" in table and "| sine (dab, boxrpb) |" in table
+    assert summary["label"] == "sine (dab, boxrpb)"
+    final_line = setup[2].__globals__["final_line"]  # the console's last line of a run (train.py)
+    assert final_line(summary).startswith("[sine (dab, boxrpb)] final: AP@48px")
 
 
 def test_sigkill_then_resume_equals_uninterrupted(setup):

@@ -26,13 +26,18 @@ def group_keys(df: pd.DataFrame) -> list[str]:
 
 
 def add_group(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` with a ``group`` column: the encoding, plus ``[key=value, ...]`` for varied keys."""
+    """``df`` with a ``group`` column: the run's label (the encoding; a detector's design with it,
+    e.g. ``sine (dab, boxrpb)``), plus ``[key=value, ...]`` for the other varied keys."""
+    from vispe.train.detection import DetectionTask  # the keys its label shows
+
     df = df.copy()
     keys = group_keys(df)
 
     def label(row) -> str:
-        extra = [f"{k.rsplit('.', 1)[-1]}={row[k]}" for k in keys if pd.notna(row[k])]
-        return str(row["encoding"]) + (f" [{', '.join(extra)}]" if extra else "")
+        labelled = pd.notna(row.get("label"))  # runs of older versions have none: the encoding and every key
+        extra = [f"{k.rsplit('.', 1)[-1]}={row[k]}" for k in keys
+                 if pd.notna(row[k]) and not (labelled and k in DetectionTask.LABEL_KEYS)]
+        return str(row["label"] if labelled else row["encoding"]) + (f" [{', '.join(extra)}]" if extra else "")
 
     df["group"] = df.apply(label, axis=1) if len(df) else pd.Series(dtype=str)
     return df

@@ -24,6 +24,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from vispe.sweep import collect as K
 from vispe.sweep import grid as G
@@ -62,8 +63,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_intermixed_args(argv)
 
 
-def plan(args) -> tuple[Path, Path, list, list[str], list[str]]:
-    """Check everything before any run starts: (config, sweep folder, points, overrides, notes).
+class Plan(NamedTuple):
+    config: Path
+    out: Path  # the sweep folder
+    points: list
+    overrides: list[str]  # the command line's, for every point
+    notes: list[str]  # printed before anything runs
+    labels: dict[str, str]  # point name -> its label (the task's: a detector's design included)
+
+
+def plan(args) -> Plan:
+    """Check everything before any run starts: config, sweep folder, points, overrides, notes, labels.
 
     Every point's config is loaded and its model built once (from the data set's description; no
     data is read), so a point that cannot run fails here, for the whole sweep, dry run included.
@@ -71,6 +81,7 @@ def plan(args) -> tuple[Path, Path, list, list[str], list[str]]:
     import vispe
     from vispe.train import config as C
     from vispe.train.runner import check_model
+    from vispe.train.tasks import get_task
 
     config = Path(args.config)
     if not config.is_file():
@@ -97,9 +108,10 @@ def plan(args) -> tuple[Path, Path, list, list[str], list[str]]:
                      f"{', '.join(dropped)} run{'s' if len(dropped) == 1 else ''} without them, as train.compare's "
                      "baselines do (to give every point a setting, set it here: model.pe_kwargs.<key>=<value>)")
     out = Path(args.out or Path("runs") / "sweeps" / config.stem).resolve()
-    failed, built = [], {}
+    failed, built, labels = [], {}, {}
     for pt in points:  # a misspelt key or a wrong type fails here, for the whole sweep
         cfg = C.load_config(config, [*args.overrides, *pt.overrides(out)])
+        labels[pt.name] = get_task(cfg.task).label(cfg)
         key = (pt.pe, pt.vary, pt.drop_pe_kwargs)  # the seed builds the same model
         if key not in built:
             try:
@@ -111,7 +123,7 @@ def plan(args) -> tuple[Path, Path, list, list[str], list[str]]:
     if failed:
         raise ValueError(f"{len(failed)} of {len(built)} distinct points cannot be built; nothing was run:\n  " +
                          "\n  ".join(failed))
-    return config, out, points, list(args.overrides), notes
+    return Plan(config, out, points, list(args.overrides), notes, labels)
 
 
 def point_state(folder: Path, epochs: int) -> str:
@@ -137,7 +149,7 @@ def _write_point(folder: Path, pt, config: Path, overrides: list[str], commit: s
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        config, out, points, overrides, notes = plan(args)
+        config, out, points, overrides, notes, labels = plan(args)
     except ValueError as e:
         print(f"vispe.sweep: error: {e}", file=sys.stderr)
         return 2
@@ -165,7 +177,7 @@ def main(argv=None) -> int:
     log = _append_invocation(out, record)
     jobs = []
     for pt in todo:
-        _write_point(out / pt.name, pt, config, overrides, commit, command=command.strip())
+        _write_point(out / pt.name, pt, config, overrides, commit, command=command.strip(), label=labels[pt.name])
         jobs.append((pt.name, L.train_argv(config, [*overrides, *pt.overrides(out)]), out / pt.name))
     env = {k: str(args.threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")} if args.threads else {}
     by_name = {pt.name: pt for pt in points}

@@ -228,7 +228,7 @@ def comparison_table(summaries: dict[str, dict], metric: str) -> str:
     head = ["encoding", "params"] + [f"test {metric} @{s}px" for s in sizes] + ["train time"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for pe, summ in summaries.items():
-        cells = [pe, f"{summ['params'] / 1e6:.3f}M"]
+        cells = [summ.get("label", pe), f"{summ['params'] / 1e6:.3f}M"]  # a detector's label names its design
         cells += [f"{summ['eval'][str(s)][metric]:.4f}" if str(s) in summ["eval"] else "-" for s in sizes]
         cells.append(f"{summ['train_time_s']:.0f}s")
         lines.append("| " + " | ".join(cells) + " |")

@@ -19,6 +19,9 @@ object with this interface, so that detection (DETR on COCO) is one more entry i
                                     refuses the keys that only another task reads, ``own_keys``)
 ``param_groups(model, cfg)``        optional: the optimiser's parameter groups (DETR: backbone lr)
 ``visualize(model, dataset, path, device)`` optional: a picture of predictions after each evaluation
+``label(cfg)``                      how a run is named in the console, comparison.md and a sweep's
+                                    report: the encoding, plus what else tells variants apart
+                                    (detection: the design when it is not DETR's own)
 
 Tasks: ``classification`` (here) and ``detection`` (``vispe.train.detection``).
 """
@@ -52,6 +55,11 @@ class ClassificationTask:
     @classmethod
     def check_config(cls, cfg: DictConfig) -> None:
         """Nothing beyond the schema (``config.validate`` refuses the other tasks' ``own_keys``)."""
+
+    @staticmethod
+    def label(cfg: DictConfig) -> str:
+        """The encoding's name."""
+        return cfg.model.pe
 
     def info(self, cfg: DictConfig):
         from vispe.data import dataset_info
