@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import time
 import warnings
@@ -171,17 +172,26 @@ class RunLog:
                 pass
 
 
+#: most panels in a row of curves.png (a detector's ten metrics: a 4 x 3 grid, not a 4,500 px strip)
+CURVE_COLS = 4
+
+
 def plot_curves(history: list[dict], path: str | Path, title: str = "") -> None:
-    """Loss and every other metric against the epoch, train and test, in one PNG."""
+    """Loss and every other metric against the epoch, train and test, in one PNG: a grid of panels,
+    at most ``CURVE_COLS`` a row, the loss and its terms first."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = sorted({k.split("_", 1)[1] for r in history for k in r if k.startswith(("train_", "test_"))},
-                   key=lambda n: (n != "loss", n))  # loss first
-    fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.4), squeeze=False)
-    for ax, name in zip(axes[0], names):
+                   key=lambda n: (not n.startswith("loss"), n != "loss", n))  # loss, its terms, then the rest
+    cols = max(1, min(len(names), CURVE_COLS, max(2, math.ceil(math.sqrt(len(names))))))  # 10 metrics: 4 x 3
+    rows = max(1, math.ceil(len(names) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.1 * rows + 0.3), squeeze=False)
+    for ax in axes.flat[len(names):]:
+        ax.axis("off")
+    for ax, name in zip(axes.flat, names):
         for split in ("train", "test"):
             key = f"{split}_{name}"
             rows = [r for r in history if key in r]  # test metrics exist on evaluated epochs only
