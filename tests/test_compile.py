@@ -32,7 +32,10 @@ def test_compiled_vit_matches_eager(pe):
     torch.testing.assert_close(g_c, g_e, rtol=1e-3, atol=1e-4)
 
 
-SIZES = [(16, 16), (24, 20)]  # the second non-square: a new grid for every encoding
+# non-square from the first (a square first size ties H to W, and the second recompiles for that
+# alone), then a third size, which a dynamic graph must serve without recompiling: with learned RoPE
+# angles a backward compiled for the first size's strides failed there (issue 41, item 2)
+SIZES = [(16, 20), (24, 16), (20, 28)]
 
 
 def _grads(m, out):
@@ -44,19 +47,25 @@ def _grads(m, out):
 @pytest.mark.parametrize("dynamic", [None, True], ids=["default", "dynamic"])
 @pytest.mark.parametrize("pe", ["sine", "relbias", "rope_axial", "rope_mixed"])
 def test_inductor_compiled_vit_at_a_second_size_and_in_eval(pe, dynamic):
-    """torch.compile(vit) (Inductor) trains at one size and then another (the default recompiles with
-    symbolic sizes at the second; dynamic=True is symbolic from the first), forward and every
+    """torch.compile(vit) (Inductor) trains at three sizes (the default recompiles with symbolic sizes
+    at the second; dynamic=True is symbolic from the first; neither at the third), forward and every
     parameter's gradient against eager; then (default options) evaluates under no_grad at the second
     size and another batch. About 1-2 min each on a shared 2-core CPU."""
+    from torch._dynamo.utils import counters
+
     torch._dynamo.reset()
+    counters.clear()
     m = _model(pe).train()
     compiled = torch.compile(m, dynamic=dynamic)
+    graphs = []
     for size in SIZES:
         x = torch.randn(2, 3, *size)
         out, want = compiled(x), m(x)
         torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
         for g_c, g_e in zip(_grads(m, out), _grads(m, want)):
             torch.testing.assert_close(g_c, g_e, rtol=1e-3, atol=1e-4)
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs == ([1, 1, 1] if dynamic else [1, 2, 2]), graphs  # Inductor's guards: no recompile
     if dynamic:  # the eval graph is another compile: once (below) is enough for the suite's time
         return
     m.eval()
@@ -146,3 +155,18 @@ def test_a_converted_eva_and_the_detector_run_four_sizes_without_recompiling():
 
     counts = _frames(detr, dynamic=True, inputs=padded)
     assert counts == [counts[0]] * 4 and counts[0] <= 3
+
+
+def test_the_compiled_patch_embedding_is_the_convolution():
+    """Under torch.compile timm's patchifying Conv2d runs as patches times the flattened kernel (a
+    convolution's backward bounds H and W in Inductor's guards on the CPU); the same numbers, on a
+    non-square image, per output cell."""
+    from vispe.models._vit_inputs import _is_patchify, _patchify_linear
+
+    torch.manual_seed(0)
+    proj = torch.nn.Conv2d(3, 8, kernel_size=(4, 2), stride=(4, 2))
+    x = torch.randn(2, 3, 12, 10)
+    want = proj(x).permute(0, 2, 3, 1)  # (2, 3, 5, 8)
+    torch.testing.assert_close(_patchify_linear(proj, x), want, rtol=0, atol=1e-6)
+    assert _is_patchify(proj) and not _is_patchify(torch.nn.Conv2d(3, 8, 4, stride=2))
+    assert not _is_patchify(torch.nn.Conv2d(3, 8, 4, stride=4, padding=1))
