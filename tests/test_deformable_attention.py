@@ -13,7 +13,6 @@ from vispe.deformable_attention import MSDeformAttn
 from vispe.kernels.deformable import Levels, ms_deform_attn, sampling_locations, swap_xy
 
 SHAPES = ((5, 7), (3, 4), (2, 3), (1, 2))  # non-square at every level
-IMPLS = ("grid_sample", "bag")
 
 
 def ms_deform_attn_core_pytorch(value, value_spatial_shapes, sampling_locations, attention_weights):
@@ -44,26 +43,24 @@ def inputs(seed=0, B=2, Q=6, M=3, D=4, P=3, dtype=torch.float64):
     return levels, value, loc, weights
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_core_equals_papers_pytorch_core_element_by_element(impl):
+def test_core_equals_papers_pytorch_core_element_by_element():
     levels, value, loc, weights = inputs()
     ref = ms_deform_attn_core_pytorch(value, SHAPES, loc.flip(-1), weights)  # the papers take (x, y)
-    torch.testing.assert_close(ms_deform_attn(value, levels, loc, weights, impl), ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(ms_deform_attn(value, levels, loc, weights), ref, rtol=0, atol=1e-12)
     # and the gradients of value, locations and weights
     leaves = [t.clone().requires_grad_() for t in (value, loc, weights)]
     g = torch.randn_like(ref)
-    ours = torch.autograd.grad((ms_deform_attn(*leaves[:1], levels, *leaves[1:], impl) * g).sum(), leaves)
+    ours = torch.autograd.grad((ms_deform_attn(*leaves[:1], levels, *leaves[1:]) * g).sum(), leaves)
     v, lo, w = (t.clone().requires_grad_() for t in (value, loc, weights))
     theirs = torch.autograd.grad((ms_deform_attn_core_pytorch(v, SHAPES, lo.flip(-1), w) * g).sum(), (v, lo, w))
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_core_float32_matches_float64(impl):
+def test_core_float32_matches_float64():
     levels, value, loc, weights = inputs(seed=3)
-    ref = ms_deform_attn(value, levels, loc, weights, impl)
-    out = ms_deform_attn(value.float(), levels, loc.float(), weights.float(), impl)
+    ref = ms_deform_attn(value, levels, loc, weights)
+    out = ms_deform_attn(value.float(), levels, loc.float(), weights.float())
     torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-5)
 
 
@@ -84,22 +81,21 @@ def test_one_cell_offset_reads_the_neighbouring_cell_at_every_level():
             loc = sampling_locations(ref, off, levels)
             wts = torch.zeros(B, h * w, M, len(SHAPES), 1, dtype=torch.float64)
             wts[:, :, :, l] = 1.0
-            out = ms_deform_attn(value, levels, loc, wts, "bag").view(h, w, D)
+            out = ms_deform_attn(value, levels, loc, wts).view(h, w, D)
             level = value[0, levels.start[l]:levels.start[l] + h * w, 0].view(h, w, D)
             want = torch.zeros_like(level)  # beyond the last row / column: zeros
             want[:h - dy, :w - dx] = level[dy:, dx:]
             torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_moving_a_feature_by_k_cells_moves_the_output_with_its_reference_point(impl):
+def test_moving_a_feature_by_k_cells_moves_the_output_with_its_reference_point():
     """A feature blob moved by k = (2, 4) cells of level 0 (1, 2 cells of level 1) gives, at every
     reference point moved by the same amount, the output of the unmoved blob at the unmoved point,
     position by position on non-square levels; moving the point along the other axis does not."""
     torch.manual_seed(0)
     shapes = ((12, 16), (6, 8))
     levels = Levels(shapes)
-    attn = MSDeformAttn(16, 2, 2, 3, impl=impl).double()
+    attn = MSDeformAttn(16, 2, 2, 3).double()
     with torch.no_grad():
         for p in attn.parameters():
             p.normal_(0, 0.3)
@@ -138,11 +134,10 @@ def perturbed_hf_attention(L, M=4, P=3, d=32, seed=0):
 
 
 @pytest.mark.parametrize("coords", [2, 4])
-@pytest.mark.parametrize("impl", IMPLS)
-def test_module_equals_transformers_with_the_same_weights(coords, impl):
+def test_module_equals_transformers_with_the_same_weights(coords):
     L, M, P, d = len(SHAPES), 4, 3, 32
     hf = perturbed_hf_attention(L, M, P, d)
-    ours = MSDeformAttn(d, M, L, P, impl=impl)
+    ours = MSDeformAttn(d, M, L, P)
     ours.load_state_dict(hf.state_dict())  # the same names, one to one
     levels = Levels(SHAPES)
     B, Q = 2, 7
@@ -198,7 +193,5 @@ def test_bad_inputs_are_refused_with_their_names():
         attn(q, ref, v, levels, torch.zeros(1, levels.num_tokens))
     with pytest.raises(ValueError, match="d_model=10"):
         MSDeformAttn(10, 4)
-    with pytest.raises(ValueError, match="impl"):
-        MSDeformAttn(16, 2, impl="cuda")
     with pytest.raises(ValueError, match="maps have shapes"):
         levels.flatten([torch.zeros(1, 2, 3, 4)])

@@ -21,7 +21,7 @@ of each level's whole map, i.e. already multiplied by the valid ratios (``vispe.
 values are zeroed (an image alone and padded in a batch then sample the same numbers: beyond its
 valid area the padded batch reads zeros, the image alone ``grid_sample``'s zero padding).
 
-The kernel (``impl``): "grid_sample", "bag" or "auto" (``vispe.kernels.deformable``).
+The sampling: ``vispe.kernels.deformable`` (``grid_sample``, plain PyTorch).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from vispe import _checks
-from vispe.kernels.deformable import IMPLS, Levels, ms_deform_attn, sampling_locations
+from vispe.kernels.deformable import Levels, deform_attn
 
 
 class MSDeformAttn(nn.Module):
@@ -42,11 +42,9 @@ class MSDeformAttn(nn.Module):
         num_heads: heads M (``d_model`` a multiple of it).
         num_levels: feature levels L the offsets and weights are predicted for.
         num_points: sampling points P per head and level.
-        impl: the sampling kernel, ``vispe.kernels.deformable.IMPLS``.
     """
 
-    def __init__(self, d_model: int = 256, num_heads: int = 8, num_levels: int = 4, num_points: int = 4, *,
-                 impl: str = "auto") -> None:
+    def __init__(self, d_model: int = 256, num_heads: int = 8, num_levels: int = 4, num_points: int = 4) -> None:
         super().__init__()
         _checks.positive_int("d_model", d_model)
         _checks.positive_int("num_heads", num_heads)
@@ -55,7 +53,6 @@ class MSDeformAttn(nn.Module):
         self.d_model, self.num_heads = d_model, num_heads
         self.num_levels = _checks.positive_int("num_levels", num_levels)
         self.num_points = _checks.positive_int("num_points", num_points)
-        self.impl = _checks.choice("impl", impl, IMPLS)
         M, L, P = num_heads, num_levels, num_points
         self.sampling_offsets = nn.Linear(d_model, M * L * P * 2)  # (x, y) pairs, the papers' layout
         self.attention_weights = nn.Linear(d_model, M * L * P)
@@ -105,10 +102,9 @@ class MSDeformAttn(nn.Module):
         v = v.view(B, -1, M, d // M)  # (B, N, M, D)
         offsets = self.sampling_offsets(query).view(B, Q, M, L, P, 2)  # (x, y) pairs
         weights = self.attention_weights(query).view(B, Q, M, L * P).softmax(-1).view(B, Q, M, L, P)
-        loc = sampling_locations(reference.to(offsets.dtype), offsets, levels)  # (B, Q, M, L, P, 2) as (y, x)
-        out = ms_deform_attn(v, levels, loc, weights, self.impl)  # (B, Q, d)
+        out = deform_attn(v, levels, reference, offsets, weights)  # (B, Q, d)
         return self.output_proj(out)
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, num_heads={self.num_heads}, num_levels={self.num_levels}, "
-                f"num_points={self.num_points}, impl={self.impl!r}")
+                f"num_points={self.num_points}")

@@ -22,15 +22,13 @@ Conventions (vispe's (y, x) inside; the papers' (x, y) only where their layout i
   (w, h): the same numbers, so an (h, w) slip cannot hide in a swapped normaliser). ``grid_sample``
   takes (x, y): the only other flip, inside ``ms_deform_attn``.
 
-Two implementations of ``ms_deform_attn``, equal to float rounding (``impl``):
-
-* ``"grid_sample"``: one ``F.grid_sample`` per level on (B*heads, head_dim, h, w), as the papers'
-  pure-PyTorch path, the weighted sum accumulated level by level (no (.., L*P) stack).
-* ``"bag"``: the four bilinear corners of every point as rows of the value table, their bilinear
-  weight times the attention weight as ``per_sample_weights`` of one ``F.embedding_bag`` (mode
-  "sum") over all levels at once: no sampled tensor (B*heads, head_dim, Q, L*P) is materialised,
-  in the forward or the backward.
-* ``"auto"`` (default): ``AUTO_IMPL`` (the faster one on the CPU in ``bench/deformable_step.py``).
+The kernel: one ``F.grid_sample`` per level on (B*heads, head_dim, h, w), as the papers' pure-PyTorch
+path, with the weighted sum accumulated level by level (no (B*heads, head_dim, Q, L*P) stack) and the
+per-level pieces taken by ``split`` / ``unbind`` of level-major copies (their backward is one ``cat``,
+not a zero-filled full-size gradient per level as slicing gives): 0.8x transformers' encoder time on
+the CPU (``bench/deformable_step.py``). Tried and dropped: the four bilinear corners as rows of one
+``F.embedding_bag`` with per-sample weights (no sampled tensor in the forward), whose CPU backward
+sorts the indices and took 1.25x transformers' encoder time.
 """
 from __future__ import annotations
 
@@ -40,9 +38,6 @@ import torch
 import torch.nn.functional as F
 
 from vispe import _checks
-
-IMPLS = ("auto", "grid_sample", "bag")
-AUTO_IMPL = "bag"
 
 
 @dataclass(frozen=True)
@@ -112,82 +107,76 @@ def sampling_locations(reference: torch.Tensor, offsets_xy: torch.Tensor, levels
 
     ``reference`` (B, Q, L, 2) as (y, x), or (B, Q, L, 4) as boxes (cy, cx, h, w), in unit coordinates
     of each level's map (already scaled by the valid ratios); ``offsets_xy`` (B, Q, M, L, P, 2) as the
-    papers' projection gives them, (x, y) pairs. Points: ``ref + offset_yx / (h_l, w_l)`` (offsets in
-    cells of level l); boxes: ``centre + offset_yx / P * (h, w) / 2`` (offsets in eighths of the box
-    for P = 4, Deformable DETR's refinement and two-stage variants).
+    papers' projection gives them, (x, y) pairs. Points: ``ref + offset / (w_l, h_l)`` (offsets in
+    cells of level l); boxes: ``centre + offset / P * (w, h) / 2`` (offsets in eighths of the box for
+    P = 4, Deformable DETR's refinement and two-stage variants).
     """
+    return _grid(reference, offsets_xy, levels, unit=True).flip(-1)  # (B, Q, M, L, P, 2) as (y, x)
+
+
+def _grid(reference: torch.Tensor, offsets_xy: torch.Tensor, levels: Levels, *, unit: bool) -> torch.Tensor:
+    """The sampling points in the papers' (x, y) order: unit coordinates (``unit``) or ``grid_sample``'s
+    [-1, 1] (2 u - 1, computed as ``2 ref - 1 + 2 offset / size`` without the unit tensor).  # (B, Q, M, L, P, 2)
+
+    The one place where vispe's (y, x) reference points meet the papers' (x, y) offsets: the small
+    reference tensor (B, Q, L, 2|4) and the level sizes are flipped, never the big offsets."""
     B, Q, M, L, P, _ = offsets_xy.shape
     if reference.dim() != 4 or reference.shape[:3] != (B, Q, L) or reference.shape[-1] not in (2, 4):
         raise ValueError(f"reference has shape {tuple(reference.shape)}: expected ({B}, {Q}, {L}, 2) points (y, x) "
                          f"or ({B}, {Q}, {L}, 4) boxes (cy, cx, h, w)")
     if len(levels) != L:
         raise ValueError(f"levels has {len(levels)} levels: the offsets have {L}")
-    offsets = offsets_xy.flip(-1)  # (B, Q, M, L, P, 2) as (y, x): the one flip of the projection's layout
-    ref = reference[:, :, None, :, None]  # (B, Q, 1, L, 1, 2|4)
+    ref = swap_xy(reference.to(offsets_xy.dtype))[:, :, None, :, None]  # (B, Q, 1, L, 1, 2|4) as (x, y[, w, h])
+    k = 1.0 if unit else 2.0
+    centre = ref[..., :2] if unit else ref[..., :2] * 2 - 1  # (B, Q, 1, L, 1, 2)
     if reference.shape[-1] == 2:
-        hw = levels.tensor(offsets.device).to(offsets.dtype)  # (L, 2) as (h, w)
-        return ref + offsets / hw[:, None]  # (B, Q, M, L, P, 2)
-    return ref[..., :2] + offsets / P * ref[..., 2:] * 0.5  # (B, Q, M, L, P, 2)
+        wh = levels.tensor(offsets_xy.device).flip(-1).to(offsets_xy.dtype)  # (L, 2) as (w, h): the papers' normaliser
+        return centre + offsets_xy * (k / wh[:, None])  # (B, Q, M, L, P, 2)
+    return centre + offsets_xy * (ref[..., 2:] * (k * 0.5 / P))  # (B, Q, M, L, P, 2)
 
 
-def ms_deform_attn(value: torch.Tensor, levels: Levels, locations: torch.Tensor, weights: torch.Tensor,
-                   impl: str = "auto") -> torch.Tensor:
+def ms_deform_attn(value: torch.Tensor, levels: Levels, locations: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """The attention-weighted sum of bilinear samples of ``value`` at ``locations``.  # (B, Q, M*D)
 
     ``value`` (B, N, M, D): N = ``levels.num_tokens`` tokens flattened level after level, M heads of D
     channels; ``locations`` (B, Q, M, L, P, 2) unit (y, x) of each level's map; ``weights``
     (B, Q, M, L, P) (softmax over L*P in the papers). Output channels are head-major (m * D + d).
     """
-    impl = _checks.choice("impl", impl, IMPLS)
+    return _sample(value, levels, locations.flip(-1) * 2 - 1, weights)
+
+
+def deform_attn(value: torch.Tensor, levels: Levels, reference: torch.Tensor, offsets_xy: torch.Tensor,
+                weights: torch.Tensor) -> torch.Tensor:
+    """``ms_deform_attn`` at ``sampling_locations(reference, offsets_xy, levels)``, without building the
+    (y, x) locations (the module's path).  # (B, Q, M*D)"""
+    return _sample(value, levels, _grid(reference, offsets_xy, levels, unit=False), weights)
+
+
+def _sample(value, levels: Levels, grid, weights) -> torch.Tensor:
+    """Checks, then the kernel; ``grid`` (B, Q, M, L, P, 2) is grid_sample's (x, y) in [-1, 1]."""
     B, N, M, D = value.shape
     if N != levels.num_tokens:
         raise ValueError(f"value has {N} tokens: levels {list(levels.shapes)} have {levels.num_tokens}")
-    if locations.shape[:3] != (B, locations.shape[1], M) or locations.shape[3] != len(levels) or \
-            locations.shape[-1] != 2 or weights.shape != locations.shape[:-1]:
-        raise ValueError(f"locations {tuple(locations.shape)} and weights {tuple(weights.shape)}: expected "
+    if grid.shape[:3] != (B, grid.shape[1], M) or grid.shape[3] != len(levels) or \
+            grid.shape[-1] != 2 or weights.shape != grid.shape[:-1]:
+        raise ValueError(f"locations {tuple(grid.shape)} and weights {tuple(weights.shape)}: expected "
                          f"(B, Q, {M}, {len(levels)}, P, 2) and (B, Q, {M}, {len(levels)}, P)")
-    if (AUTO_IMPL if impl == "auto" else impl) == "bag":
-        return _bag(value, levels, locations, weights)
-    return _grid_sample(value, levels, locations, weights)
+    return _grid_sample(value, levels, grid, weights)
 
 
-def _grid_sample(value, levels: Levels, locations, weights) -> torch.Tensor:
+def _grid_sample(value, levels: Levels, grid, weights) -> torch.Tensor:
     B, N, M, D = value.shape
-    Q = locations.shape[1]
-    grids = (locations.flip(-1) * 2 - 1).transpose(1, 2).flatten(0, 1)  # (B*M, Q, L, P, 2) as (x, y) in [-1, 1]
-    w = weights.transpose(1, 2).flatten(0, 1)[:, None]  # (B*M, 1, Q, L, P)
+    Q, L, P = grid.shape[1], grid.shape[3], grid.shape[4]
+    v = value.permute(0, 2, 3, 1).reshape(B * M, D, N)  # (B*M, D, N): one copy for all levels
+    # level-major copies, then views: per-level pieces by split/unbind, whose backward is one cat (no
+    # zero-filled full-size gradient per level as slicing would give)
+    grids = grid.permute(3, 0, 2, 1, 4, 5).reshape(L, B * M, Q, P, 2).unbind(0)  # L x (B*M, Q, P, 2)
+    ws = weights.permute(3, 0, 2, 1, 4).reshape(L, B * M, 1, Q, P).unbind(0)  # L x (B*M, 1, Q, P)
     out = None
-    for l, (v, (h, wd)) in enumerate(zip(value.split(levels.sizes, dim=1), levels.shapes)):
-        v = v.permute(0, 2, 3, 1).reshape(B * M, D, h, wd)  # (B*M, D, h, w)
-        s = F.grid_sample(v, grids[:, :, l], mode="bilinear", padding_mode="zeros", align_corners=False)  # (B*M, D, Q, P)
-        s = (s * w[..., l, :]).sum(-1)  # (B*M, D, Q)
+    for vl, g, w, (h, wd) in zip(v.split(levels.sizes, dim=-1), grids, ws, levels.shapes):
+        s = F.grid_sample(vl.view(B * M, D, h, wd), g, mode="bilinear", padding_mode="zeros",
+                          align_corners=False)  # (B*M, D, Q, P)
+        s = (s * w).sum(-1)  # (B*M, D, Q)
         out = s if out is None else out + s
     return out.view(B, M * D, Q).transpose(1, 2)  # (B, Q, M*D)
 
-
-def _bag(value, levels: Levels, locations, weights) -> torch.Tensor:
-    B, N, M, D = value.shape
-    Q, L, P = locations.shape[1], locations.shape[3], locations.shape[4]
-    dev = value.device
-    shapes = levels.tensor(dev)  # (L, 2) as (h, w)
-    size = shapes.view(L, 1, 1, 2)  # (L, 1, 1, 2)
-    with torch.no_grad():
-        start = torch.tensor(levels.start, device=dev).view(L, 1)  # (L, 1)
-    pix = locations * size[:, 0].to(locations.dtype) - 0.5  # (B, Q, M, L, P, 2): cell centres at integers
-    low = pix.floor()  # (B, Q, M, L, P, 2)
-    frac = pix - low  # (B, Q, M, L, P, 2), weight of the upper neighbour
-    low = low.long()
-    corner = torch.tensor([[0, 0], [0, 1], [1, 0], [1, 1]], device=dev)  # (4, 2) as (dy, dx)
-    cells = low[..., None, :] + corner  # (B, Q, M, L, P, 4, 2)
-    inside = ((cells >= 0) & (cells < size)).all(-1)  # (B, Q, M, L, P, 4)
-    wyx = torch.where(corner.bool(), frac[..., None, :], 1 - frac[..., None, :])  # (B, Q, M, L, P, 4, 2)
-    cw = wyx.prod(-1) * weights[..., None] * inside  # (B, Q, M, L, P, 4)
-    with torch.no_grad():
-        cells = cells.clamp(min=0)
-        idx = start[:, :, None] + cells[..., 0] * shapes[:, 1].view(L, 1, 1) + cells[..., 1]  # (B, Q, M, L, P, 4)
-        idx = torch.where(inside, idx, 0)
-        rows = (idx + torch.arange(B, device=dev).view(B, 1, 1, 1, 1, 1) * N) * M \
-            + torch.arange(M, device=dev).view(1, 1, M, 1, 1, 1)  # rows of value (B*N*M, D)
-    out = F.embedding_bag(rows.view(B * Q * M, L * P * 4), value.reshape(B * N * M, D),
-                          per_sample_weights=cw.reshape(B * Q * M, L * P * 4).to(value.dtype), mode="sum")  # (B*Q*M, D)
-    return out.view(B, Q, M * D)

@@ -49,13 +49,13 @@ class DeformableDecoderLayer(nn.Module):
     """
 
     def __init__(self, d_model: int = 256, nheads: int = 8, dim_feedforward: int = 1024, dropout: float = 0.1,
-                 num_levels: int = 4, num_points: int = 4, activation: str = "relu", impl: str = "auto",
+                 num_levels: int = 4, num_points: int = 4, activation: str = "relu",
                  attn_dropout: float | None = None) -> None:
         super().__init__()
         attn_dropout = dropout if attn_dropout is None else attn_dropout
         self.self_attn = Attention(d_model, nheads, qkv_bias=True, attn_drop=attn_dropout, proj_drop=dropout)
         self.norm1 = nn.LayerNorm(d_model)
-        self.cross_attn = MSDeformAttn(d_model, nheads, num_levels, num_points, impl=impl)
+        self.cross_attn = MSDeformAttn(d_model, nheads, num_levels, num_points)
         self.dropout = nn.Dropout(dropout)
         self.norm2 = nn.LayerNorm(d_model)
         self.mlp = ffn(d_model, dim_feedforward, dropout, activation)

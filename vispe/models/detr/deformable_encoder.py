@@ -42,9 +42,9 @@ class DeformableEncoderLayer(nn.Module):
     """One post-norm encoder layer (module docstring)."""
 
     def __init__(self, d_model: int = 256, nheads: int = 8, dim_feedforward: int = 1024, dropout: float = 0.1,
-                 num_levels: int = 4, num_points: int = 4, activation: str = "relu", impl: str = "auto") -> None:
+                 num_levels: int = 4, num_points: int = 4, activation: str = "relu") -> None:
         super().__init__()
-        self.self_attn = MSDeformAttn(d_model, nheads, num_levels, num_points, impl=impl)
+        self.self_attn = MSDeformAttn(d_model, nheads, num_levels, num_points)
         self.dropout = nn.Dropout(dropout)
         self.norm1 = nn.LayerNorm(d_model)
         self.mlp = ffn(d_model, dim_feedforward, dropout, activation)
@@ -71,16 +71,14 @@ class DeformableEncoder(nn.Module):
         d_model, nheads, dim_feedforward, dropout, activation: as DETR's encoder (the paper's FFN is 1024).
         num_layers: layers (the paper's 6).
         num_levels, num_points: levels L and sampling points P per head and level (the paper's 4, 4).
-        impl: the sampling kernel (``vispe.kernels.deformable.IMPLS``).
     """
 
     def __init__(self, d_model: int = 256, nheads: int = 8, num_layers: int = 6, dim_feedforward: int = 1024,
-                 dropout: float = 0.1, num_levels: int = 4, num_points: int = 4, activation: str = "relu",
-                 impl: str = "auto") -> None:
+                 dropout: float = 0.1, num_levels: int = 4, num_points: int = 4, activation: str = "relu") -> None:
         super().__init__()
         _checks.positive_int("num_layers", num_layers, allow_zero=True)
         self.layers = nn.ModuleList(DeformableEncoderLayer(d_model, nheads, dim_feedforward, dropout, num_levels,
-                                                           num_points, activation, impl) for _ in range(num_layers))
+                                                           num_points, activation) for _ in range(num_layers))
         self.d_model, self.num_levels = d_model, num_levels
 
     def forward(self, x: torch.Tensor, levels: Levels, pos: torch.Tensor | None = None,
