@@ -195,3 +195,25 @@ def test_bad_inputs_are_refused_with_their_names():
         MSDeformAttn(10, 4)
     with pytest.raises(ValueError, match="maps have shapes"):
         levels.flatten([torch.zeros(1, 2, 3, 4)])
+
+
+def test_bfloat16_samples_at_float32_locations():
+    """bf16 values and offsets (a bf16 model, or autocast) still sample at float32 locations: a bf16
+    location is off by up to 1/256 of the map, a quarter of a cell on a 64-wide level."""
+    from vispe.kernels.deformable import deform_attn
+    levels = Levels(((48, 64),))
+    g = torch.Generator().manual_seed(0)
+    value = torch.randn(1, levels.num_tokens, 1, 4, generator=g).bfloat16().float()  # exact in bf16
+    ref = torch.rand(1, 50, 1, 2, generator=g) * 0.8 + 0.1  # (y, x), float32
+    off = torch.randint(-2, 3, (1, 50, 1, 1, 2, 2), generator=g).float()  # whole cells: exact in bf16
+    w = torch.full((1, 50, 1, 1, 2), 0.5)
+    want = deform_attn(value, levels, ref, off, w)
+    got = deform_attn(value.bfloat16(), levels, ref, off.bfloat16(), w.bfloat16())
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)  # the output's bf16 rounding only
+    attn = MSDeformAttn(16, 2, 1, 2)
+    q, v = torch.randn(1, 50, 16, generator=g), torch.randn(1, levels.num_tokens, 16, generator=g)
+    ref2 = ref.expand(1, 50, 1, 2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = attn(q, ref2, v, levels)
+    torch.testing.assert_close(mixed.float(), attn(q, ref2, v, levels), rtol=0.05, atol=0.05)

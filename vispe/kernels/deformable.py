@@ -8,6 +8,9 @@ with softmax weights (the paper's Eq. 3, without the projections, which live in
 
 Conventions (vispe's (y, x) inside; the papers' (x, y) only where their layout is fixed):
 
+* Precision: sampling locations and the weighted sum are computed in float32 (autocast off), the
+  output cast to the value's dtype: a bfloat16 location is off by up to 1/256 of the map, a quarter
+  of a cell on a 64-wide level.
 * ``Levels``: the level shapes as (h, w), tokens flattened row-major level after level
   (``start[l]`` = the index of level l's first token), as the papers' ``spatial_shapes`` and
   ``level_start_index``.
@@ -38,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from vispe import _checks
+from vispe.coords import float32_math
 
 
 @dataclass(frozen=True)
@@ -142,18 +146,27 @@ def ms_deform_attn(value: torch.Tensor, levels: Levels, locations: torch.Tensor,
     channels; ``locations`` (B, Q, M, L, P, 2) unit (y, x) of each level's map; ``weights``
     (B, Q, M, L, P) (softmax over L*P in the papers). Output channels are head-major (m * D + d).
     """
-    return _sample(value, levels, locations.flip(-1) * 2 - 1, weights)
+    with float32_math(value.device):
+        grid = _wide(locations).flip(-1) * 2 - 1  # (B, Q, M, L, P, 2) as (x, y) in [-1, 1]
+        return _sample(value, levels, grid, weights)
 
 
 def deform_attn(value: torch.Tensor, levels: Levels, reference: torch.Tensor, offsets_xy: torch.Tensor,
                 weights: torch.Tensor) -> torch.Tensor:
     """``ms_deform_attn`` at ``sampling_locations(reference, offsets_xy, levels)``, without building the
     (y, x) locations (the module's path).  # (B, Q, M*D)"""
-    return _sample(value, levels, _grid(reference, offsets_xy, levels, unit=False), weights)
+    with float32_math(value.device):
+        return _sample(value, levels, _grid(_wide(reference), _wide(offsets_xy), levels, unit=False), weights)
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32 at least (float64 stays, for reference checks)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 def _sample(value, levels: Levels, grid, weights) -> torch.Tensor:
-    """Checks, then the kernel; ``grid`` (B, Q, M, L, P, 2) is grid_sample's (x, y) in [-1, 1]."""
+    """Checks, then the kernel in float32 (cast to ``value``'s dtype at the end); ``grid`` (B, Q, M, L, P, 2)
+    is grid_sample's (x, y) in [-1, 1], float32."""
     B, N, M, D = value.shape
     if N != levels.num_tokens:
         raise ValueError(f"value has {N} tokens: levels {list(levels.shapes)} have {levels.num_tokens}")
@@ -161,7 +174,8 @@ def _sample(value, levels: Levels, grid, weights) -> torch.Tensor:
             grid.shape[-1] != 2 or weights.shape != grid.shape[:-1]:
         raise ValueError(f"locations {tuple(grid.shape)} and weights {tuple(weights.shape)}: expected "
                          f"(B, Q, {M}, {len(levels)}, P, 2) and (B, Q, {M}, {len(levels)}, P)")
-    return _grid_sample(value, levels, grid, weights)
+    out = _grid_sample(_wide(value), levels, grid.to(_wide(value).dtype), weights.to(_wide(value).dtype))
+    return out.to(value.dtype)
 
 
 def _grid_sample(value, levels: Levels, grid, weights) -> torch.Tensor:
