@@ -109,3 +109,19 @@ def test_input_projection_levels_names_and_masks():
         InputProjection([16], 48, 1)
     with pytest.raises(ValueError, match="num_levels=1"):
         InputProjection([16, 32], 64, 1)
+
+
+def test_build_multiscale_backbone_levels_and_refusals():
+    from vispe.models.detr.multiscale import backbone_levels, build_multiscale_backbone as build
+    assert [backbone_levels(n) for n in (1, 2, 3, 4, 5)] == [1, 2, 3, 3, 3]
+    assert build("resnet18", 4).strides == [8, 16, 32] and build("resnet18", 1).strides == [32]
+    assert build("small_cnn", 4, widths=(8, 8, 8, 8)).strides == [4, 8, 16]
+    assert build("vit_pico", 4, kwargs=dict(patch_size=8)).strides == [4, 8, 16]
+    ready = MultiScaleCNN(num_levels=2)
+    assert build(ready, 2) is ready
+    with pytest.raises(ValueError, match="takes 3"):
+        build(ready, 4)
+    with pytest.raises(ValueError, match="backbone_weights"):
+        build("small_cnn", 4, weights="w.pth")
+    with pytest.raises(ValueError, match="backbone_widths"):
+        build("resnet18", 4, widths=(8, 8))

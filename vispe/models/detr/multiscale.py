@@ -12,6 +12,8 @@ pixel mask brought to its level with ``vispe.coords.resize_mask`` (nearest), Tru
   every level is mask-aware.
 * ``MultiScaleCNN``: the last ``num_levels`` stages of ``SmallCNN`` (mask-aware at every stage).
 * ``vispe.models.detr.vit_pyramid.SimpleFeaturePyramid``: a vispe ViT's one map made into several.
+* ``build_multiscale_backbone(name, num_levels)``: one of these by name (``backbone_levels`` of the
+  ``num_levels`` from the backbone, the rest from ``InputProjection``).
 
 ``InputProjection`` (``input_proj.{l}.0`` conv, ``input_proj.{l}.1`` GroupNorm(32), the papers' and
 transformers' names): a 1x1 conv per backbone level, then ``num_levels - len(levels)`` extra levels,
@@ -159,3 +161,49 @@ class InputProjection(nn.ModuleList):
             masks.append(m)
             src = maps[-1]
         return maps, masks
+
+
+def backbone_levels(num_levels: int) -> int:
+    """How many of ``num_levels`` come from the backbone (the rest are ``InputProjection``'s stride-2
+    convs): 1 for one level (transformers' C5), else up to 3 (the paper's C3-C5 + extra levels)."""
+    _checks.positive_int("num_levels", num_levels)
+    return 1 if num_levels == 1 else min(num_levels, 3)
+
+
+def build_multiscale_backbone(name, num_levels: int = 4, *, weights=None, dilation: bool = False,
+                              train_backbone: bool = True, mask_aware: bool = False, widths=None,
+                              kwargs: dict | None = None) -> nn.Module:
+    """The multi-scale backbone for ``num_levels`` levels (``backbone_levels`` of them its own):
+
+    * a ResNet name: ``MultiScaleResNet`` returning the last k of layer2-4 (C5 alone for one level);
+    * "small_cnn": ``MultiScaleCNN`` over the last k stages (``widths`` as ``SmallCNN``'s);
+    * a vispe ViT preset (``kwargs`` to ``create_vit``, plus ``layers`` for ``ViTBackbone``) or a ViT
+      module: ``SimpleFeaturePyramid`` of its patch map at the last k of the scales (2, 1, 1/2) ((1,)
+      for one level);
+    * a module with ``num_channels`` and ``strides`` lists: itself (it must give k levels).
+
+    Options that do not apply are refused (``vispe.models.detr.backbone.build_backbone``'s rules).
+    """
+    from vispe.models.detr.backbone import build_backbone
+    from vispe.models.detr.vit_backbone import ViTBackbone
+    from vispe.models.detr.vit_pyramid import SimpleFeaturePyramid
+
+    k = backbone_levels(num_levels)
+    if isinstance(name, nn.Module) and isinstance(getattr(name, "strides", None), (list, tuple)):
+        if len(name.strides) != k:
+            raise ValueError(f"backbone gives {len(name.strides)} levels: num_levels={num_levels} takes {k} from it")
+        return name
+    if isinstance(name, str) and name in RESNETS:
+        for opt, value in (("backbone_widths", widths), ("backbone_kwargs", kwargs or None)):
+            if value is not None:
+                raise ValueError(f"{opt}={value!r}: not an option of backbone={name!r}")
+        return MultiScaleResNet(name, layers=PAPER_LAYERS[-k:] if k > 1 else (4,), weights=weights,
+                                dilation=dilation, train_backbone=train_backbone, mask_aware=mask_aware)
+    single = build_backbone(name, weights=weights, dilation=dilation, train_backbone=train_backbone, widths=widths,
+                            kwargs=kwargs, mask_aware=mask_aware)  # checks the options of the others
+    if isinstance(single, SmallCNN):
+        return MultiScaleCNN(single, num_levels=k)
+    if isinstance(single, ViTBackbone):
+        return SimpleFeaturePyramid(single, scales=(2.0, 1.0, 0.5)[-k:] if k > 1 else (1.0,))
+    raise ValueError(f"backbone={type(name).__name__}: a single-scale module; expected a ResNet name, 'small_cnn', "
+                     "a vispe ViT, or a module with num_channels and strides lists")
