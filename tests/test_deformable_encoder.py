@@ -160,3 +160,14 @@ def test_mask_aware_front_is_batch_invariant():
         alone_p, _ = paper(images[1:, :, :64, :128], mask[1:, :64, :128])
         batch_p, _ = paper(images, mask)
     assert (batch_p[1][~pad[1]] - alone_p[0]).abs().max() > 1e-2
+
+
+def test_deformable_keys_refuses_what_it_cannot_map():
+    with pytest.raises(ValueError, match="expected a Deformable DETR state_dict"):
+        deformable_keys({"backbone.0.body.conv1.weight": torch.zeros(1)})
+    with pytest.raises(ValueError, match="targets"):
+        deformable_keys({}, "official", heads="x.")
+    with pytest.raises(ValueError, match=r"\['k', 'q'\] projections"):
+        deformable_keys({"model.encoder.layers.0.self_attn.sampling_offsets.weight": torch.zeros(1),
+                         "model.decoder.layers.0.self_attn.q_proj.weight": torch.zeros(1),
+                         "model.decoder.layers.0.self_attn.k_proj.weight": torch.zeros(1)})

@@ -78,7 +78,9 @@ class LevelPositions(nn.Module):
             raise ValueError(f"masks has {len(masks)} entries: expected one per level ({len(levels)})")
         if self.pe is None and self.level_embed is None:
             return None
-        device = device if device is not None else (masks[0].device if masks is not None else None)
+        if device is None:
+            device = masks[0].device if masks is not None else \
+                self.level_embed.device if self.level_embed is not None else None
         codes = []
         for l, shape in enumerate(levels.shapes):
             if self.pe is not None:
