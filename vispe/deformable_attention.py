@@ -9,7 +9,7 @@ their initialisation (``reset_parameters``). Per call::
     V = value_proj(value), zero at padded keys                      # (B, N, M, D), M heads, D = d / M
     offsets = sampling_offsets(q)  (x, y) pairs, the papers' layout  # (B, Q, M, L, P, 2)
     A = softmax over the L*P points of attention_weights(q)          # (B, Q, M, L, P)
-    loc = reference (y, x) + offsets (y, x) / (h_l, w_l)              # or the box rule, kernels.deformable
+    loc = reference + offsets / (w_l, h_l), in (x, y)                 # or the box rule, kernels.deformable
     out = output_proj( sum_{l,p} A * bilinear(V_l, loc) )             # (B, Q, d)
 
 Position never enters as a q.k product: there is none. It enters through ``query_pos`` (added to

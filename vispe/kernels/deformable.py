@@ -19,11 +19,13 @@ Conventions (vispe's (y, x) inside; the papers' (x, y) only where their layout i
   bilinearly between cell centres, and zeros outside the map (``grid_sample`` with
   ``align_corners=False``, ``padding_mode="zeros"``, as the papers' CUDA kernel and
   ``ms_deform_attn_core_pytorch``).
-* ``sampling_locations`` is where the papers' (x, y) layout meets vispe's: the ``sampling_offsets``
-  projection keeps the checkpoints' (x, y) pairs (so their weights load unchanged), and is flipped
-  to (y, x) there, then normalised by each level's (h, w) (the papers divide their (x, y) offsets by
-  (w, h): the same numbers, so an (h, w) slip cannot hide in a swapped normaliser). ``grid_sample``
-  takes (x, y): the only other flip, inside ``ms_deform_attn``.
+* Where the papers' (x, y) meets vispe's (y, x): the ``sampling_offsets`` projection keeps the
+  checkpoints' (x, y) pairs (so their weights load unchanged) and ``grid_sample`` takes (x, y), so the
+  sampling runs in (x, y). ``_grid`` is the one place that converts: it flips the small reference
+  tensor (B, Q, L, 2|4) to (x, y[, w, h]) and the level shapes to (w, h), the papers' normaliser of
+  the offsets, never the big (B, Q, M, L, P, 2) offsets. The public ``sampling_locations`` and
+  ``ms_deform_attn`` speak (y, x) (for users and the tests; they flip their locations), the module
+  calls ``deform_attn`` (reference points (y, x) in, no flip of the offsets).
 
 The kernel: one ``F.grid_sample`` per level on (B*heads, head_dim, h, w), as the papers' pure-PyTorch
 path, with the weighted sum accumulated level by level (no (B*heads, head_dim, Q, L*P) stack) and the
