@@ -71,6 +71,8 @@ def test_encoder_proposals_equal_transformers():
     lv = Levels.of(alone)
     _, p_alone = encoder_proposals(torch.zeros(1, lv.num_tokens, D), lv.flatten(alone), lv)
     torch.testing.assert_close(p_alone[0][~lv.flatten(alone)[0]], got[1][~pad[1]], rtol=0, atol=1e-6)
+    no_pad = torch.zeros_like(pad)
+    torch.testing.assert_close(encoder_proposals(memory, None, levels)[1], encoder_proposals(memory, no_pad, levels)[1])
 
 
 def test_proposal_sine_equals_transformers_get_proposal_pos_embed():
