@@ -22,7 +22,8 @@ DESIGNS = {
     "dab rope_axial": dict(decoder="dab", dec_pe="rope_axial"),
     "dab rope_mixed": dict(decoder="dab", dec_pe="rope_mixed"),
     "conditional rope_mixed": dict(decoder="conditional", dec_pe="rope_mixed"),
-    "dab fourier anchors": dict(decoder="dab", decoder_kwargs=dict(anchor_pe="fourier")),
+    "dab fourier anchors": dict(decoder="dab", decoder_kwargs=dict(anchor_pe="fourier",
+                                                                   anchor_pe_kwargs=dict(mask_aware=True))),
 }
 
 
@@ -211,7 +212,7 @@ def test_every_additive_encoding_either_evaluates_at_coordinates_or_says_why():
         cls = vispe.registry.get(name)
         pe = vispe.registry.build_in(name, dict(dim=32, num_heads=4, head_dim=8, num_prefix_tokens=0, grid=(3, 5)))
         coords = torch.rand(1, 4, 2)
-        if not cls.supports_coords:
+        if not pe.supports_coords:  # an instance's answer: fourier evaluates at coordinates when mask-aware
             with pytest.raises(ValueError, match="cannot be evaluated at continuous coordinates: "):
                 pe.at(coords, torch.tensor([[3.0, 5.0]]))
             continue
