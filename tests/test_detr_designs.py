@@ -290,9 +290,23 @@ def test_anchors_are_refined_between_layers_only(monkeypatch):
     assert calls == [0, 1]
 
 
+def test_the_transformer_reset_leaves_an_attached_encoding_alone():
+    """Xavier on every matrix of the transformer skips encodings inside it (RoPE-Mixed's frequencies)."""
+    from vispe.models.detr.transformer import Transformer
+
+    t = Transformer(32, 4, 1, 2, 64)
+    pe = vispe.registry.build_in("rope_mixed", dict(dim=32, num_heads=4, head_dim=8, num_prefix_tokens=0))
+    t.decoder[0].cross_attn.set_pe(pe)
+    before = pe.freqs.detach().clone()
+    t._reset_parameters()
+    torch.testing.assert_close(pe.freqs.detach(), before, rtol=0, atol=0)
+
+
 def test_dead_names_are_gone():
+    from vispe.image._rotary import RotaryBase
     from vispe.models.detr import queries, transformer
 
+    assert not hasattr(RotaryBase, "_extent")  # one valid-extent function: vispe.coords.valid_extent
     assert not hasattr(queries, "CROSS")
     assert "cross_pe" not in transformer.DecoderLayer.__init__.__code__.co_varnames
     for cls in STRATEGIES.values():
