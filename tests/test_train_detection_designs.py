@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -85,10 +86,15 @@ def test_two_process_ddp_trains_every_design_with_every_key_family(tmp_path):
     (tmp_path / "runs.json").write_text(json.dumps(runs))
     (tmp_path / "driver.py").write_text(DRIVER)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(tmp_path / "driver.py"), str(ROOT / "train.py"), str(tmp_path / "runs.json")], env=env,
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             str(tmp_path / "driver.py"), str(ROOT / "train.py"), str(tmp_path / "runs.json")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the workers too, not only torchrun
+        out, err = proc.communicate()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
     for name, (_, compare) in DDP_DESIGNS.items():
         for pe in ["sine", *compare.strip("[]").split(",")]:
             summary = json.loads((tmp_path / "runs" / name / pe / "summary.json").read_text())
