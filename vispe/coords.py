@@ -160,10 +160,11 @@ def unit_coords(coords, extent=None) -> tuple[torch.Tensor, torch.Tensor | None]
 
 
 def valid_extent(mask: torch.Tensor | None, shape: tuple[int, int], device=None) -> torch.Tensor:
-    """Valid (h, w) of each image in cells: its valid rows and columns.  # (B|1, 2) float32"""
-    if mask is None:
-        return torch.tensor([shape], dtype=torch.float32, device=device)  # (1, 2)
-    valid = ~mask  # (B, h, w)
+    """Valid (h, w) of each image in cells: its valid rows and columns (at least 1), or the grid's
+    without a mask; the one definition every encoding and the detector use.  # (B|1, 2) float32"""
+    if mask is None:  # scalar_tensor of each side: sizes stay symbolic under torch.export / compile
+        return torch.stack([torch.scalar_tensor(s, dtype=torch.float32) for s in shape]).to(device)[None]  # (1, 2)
+    valid = ~(mask if device is None else mask.to(device))  # (B, h, w)
     return torch.stack([valid.any(2).sum(1), valid.any(1).sum(1)], -1).clamp(min=1).float()  # (B, 2)
 
 
