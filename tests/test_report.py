@@ -132,6 +132,7 @@ def test_detector_designs_are_told_apart_by_their_labels(tmp_path):
     assert label(cfg()) == "sine (dab, boxrpb)"
     assert label(cfg("detr.dec_pe=rope_axial", "detr.box_bias=null")) == "sine (dab, dec_pe=rope_axial)"
     assert label(cfg("detr.decoder=detr", "detr.box_bias=null")) == "sine"
+    assert label(cfg("detr.query_relation=relation")) == "sine (dab, boxrpb, relation)"
     assert label(cfg("detr.decoder=detr", "detr.box_bias=null", "detr.pe_at={encoder: none, decoder: attn}",
                      "detr.query_pos_at=input")) == "sine (pe_at=encoder:none,decoder:attn, query_pos_at=input)"
     s = tmp_path / "det"

@@ -73,17 +73,20 @@ class DetectionTask:
                               f"{cfg.task.size_divisibility}: expected vis_images >= 0 and size_divisibility >= 1 or null")
 
     #: the detr.* keys that ``label`` shows when they are not DETR's defaults
-    LABEL_KEYS = ("detr.decoder", "detr.dec_pe", "detr.box_bias", "detr.pe_at", "detr.query_pos_at")
+    LABEL_KEYS = ("detr.decoder", "detr.dec_pe", "detr.box_bias", "detr.query_relation", "detr.pe_at",
+                  "detr.query_pos_at")
 
     @staticmethod
     def label(cfg: DictConfig) -> str:
         """The encoding, then the design where it is not DETR's own: ``sine (dab, boxrpb)``,
-        ``sine (dab, dec_pe=rope_axial)``, ``sine (pe_at=input)``; plain DETR is ``sine``."""
+        ``sine (dab, dec_pe=rope_axial)``, ``sine (dab, boxrpb, relation)``, ``sine (pe_at=input)``;
+        plain DETR is ``sine``."""
         d = cfg.detr
         pe_at = OmegaConf.to_container(d.pe_at) if OmegaConf.is_config(d.pe_at) else d.pe_at
         parts = [d.decoder if d.decoder != "detr" else None,
                  f"dec_pe={d.dec_pe}" if d.dec_pe is not None else None,
                  d.box_bias,
+                 d.query_relation,
                  None if pe_at == "attn" else "pe_at=" + (",".join(f"{k}:{v}" for k, v in pe_at.items())
                                                           if isinstance(pe_at, dict) else str(pe_at)),
                  f"query_pos_at={d.query_pos_at}" if d.query_pos_at != "attn" else None]
