@@ -120,7 +120,7 @@ def test_train_config_builds_vit_backbone():
     assert isinstance(model.backbone, ViTBackbone) and model.backbone.layers == 2 and model.backbone.stride == 8
     assert type(model.backbone.vit.pe).__name__ == "PEG" or "peg" in repr(model.backbone.vit.pe).lower()
     cfg = load_config(root / "configs/shapes_detr.yaml", ["detr.backbone=resnet18", "detr.backbone_mask_aware=true",
-                                                          "detr.backbone_widths=null"])
+                                                          "detr.backbone_widths=null", "detr.backbone_weights=random"])
     assert DetectionTask(cfg.task).model(cfg, SimpleNamespace(num_classes=5), 64).backbone.mask_aware
 
 
