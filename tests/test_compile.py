@@ -80,14 +80,15 @@ def test_inductor_compiled_vit_at_a_second_size_and_in_eval(pe, dynamic):
 FOUR = [(16, 20), (24, 16), (32, 28), (20, 36)]
 
 
-def _frames(model, *, dynamic, train=False, mark=False, inputs=None) -> list[int]:
-    """Dynamo's compiled-frame count after each of the four sizes (a backend that compiles nothing:
-    recompiles and graph breaks are dynamo's, so the count is Inductor's too, at a fraction of its time);
-    outputs (and, training, input gradients) checked against eager."""
-    from torch._dynamo.testing import CompileCounter
+def _frames(model, *, dynamic, train=False, mark=False, inputs=None, backend=None) -> list[int]:
+    """Dynamo's compiled-frame count after each of the four sizes (by default a backend that compiles
+    nothing: recompiles and graph breaks are dynamo's, so the count is Inductor's too, at a fraction of
+    its time; ``backend="aot_eager"`` adds AOT autograd's backward); outputs (and, training, input
+    gradients) checked against eager."""
+    from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 
     torch._dynamo.reset()
-    cnt = CompileCounter()
+    cnt = CompileCounterWithBackend(backend) if backend else CompileCounter()
     compiled = torch.compile(model, backend=cnt, dynamic=dynamic)
     counts = []
     for size in FOUR:
@@ -128,6 +129,17 @@ def test_compiled_sizes_by_default_training_and_marked():
     assert _frames(m.eval(), dynamic=None) == [1, 2, 2, 2]
     assert _frames(m.eval(), dynamic=None, mark=True) == [1, 1, 1, 1]
     counts = _frames(m.train(), dynamic=True, train=True)
+    assert counts == [counts[0]] * 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pe", ["learned_abs"])  # relbias's table too (checked once with Inductor: 15 frames)
+def test_a_table_resized_while_it_trains_compiles_at_symbolic_sizes(pe):
+    """With the sizes symbolic (no longer specialised by the patch embedding), AOT autograd traced the
+    backward of the bicubic resize of a learned table and torch failed (`isIntList() INTERNAL ASSERT
+    FAILED`, `_upsample_bicubic2d_aa_backward`); the resize of a table that trains runs outside the
+    graph: graph breaks, no recompile, eager's gradients."""
+    counts = _frames(_model(pe).train(), dynamic=True, train=True, backend="aot_eager")
     assert counts == [counts[0]] * 4
 
 

@@ -95,6 +95,8 @@ def resize(x: torch.Tensor, size: tuple, *, mode: str, antialias="shrink",
     size = tuple(size)
     if known(old[0] == size[0]) and known(old[1] == size[1]):
         return x
+    if mode != "nearest" and x.requires_grad and torch.is_grad_enabled() and _compiling_symbolic(old, size):
+        return _eager_resize(x, size, mode=mode, antialias=antialias, align_corners=align_corners)
     kw = {} if mode == "nearest" else {"align_corners": align_corners}
     if antialias != "shrink":
         return F.interpolate(x, size=size, mode=mode, antialias=bool(antialias) and mode != "nearest", **kw)
@@ -106,3 +108,21 @@ def resize(x: torch.Tensor, size: tuple, *, mode: str, antialias="shrink",
     aa = F.interpolate(x, size=size, mode=mode, antialias=mode != "nearest", **kw)
     pred = (_scalar(size[0]) < _scalar(old[0])) | (_scalar(size[1]) < _scalar(old[1]))
     return torch.where(pred.to(x.device), aa, plain)
+
+
+def _compiling_symbolic(*shapes) -> bool:
+    """torch.compile (not torch.export) records with a symbolic size among ``shapes``."""
+    if not torch.compiler.is_compiling() or is_exporting():
+        return False
+    static = getattr(symbolic_shapes, "has_static_value", None)  # dynamo answers it; isinstance it does not
+    return any(not static(n) if static else isinstance(n, torch.SymInt) for shape in shapes for n in shape)
+
+
+@torch.compiler.disable
+def _eager_resize(x: torch.Tensor, size: tuple, **kw) -> torch.Tensor:
+    """``resize`` run outside a compiled graph (sizes are ints here). Under torch.compile with symbolic
+    sizes the backward of bicubic interpolation (antialiased or not) has no working meta function
+    (torch 2.14: ``isIntList() INTERNAL ASSERT FAILED`` in ``_upsample_bicubic2d_aa_backward``), so
+    a learned table that is resized while it trains (learned_abs, relbias) is resized eagerly: a
+    graph break, and no recompile at a new size."""
+    return resize(x, tuple(int(n) for n in size), **kw)
