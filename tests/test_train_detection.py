@@ -111,7 +111,7 @@ def test_ddp_two_processes_ap_equals_one_process(setup):
         # (the test loss is not compared: DETR divides it by the boxes of each batch, so it depends on
         # how the images are batched, which differs between two shards and one process)
         assert got["loss"] > 0 and one["loss"] > 0
-    assert proc.stdout.count("[sine] final:") == 1
+    assert proc.stdout.count("[sine (dab, boxrpb)] final:") == 1  # the label names the design (issue 41)
 
 
 def test_a_corrupt_image_mid_run_is_an_error_naming_it_and_keeps_what_was_written(tmp_path):
