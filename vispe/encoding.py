@@ -3,15 +3,13 @@
 Every 2D encoding is an ``nn.Module`` with a class attribute ``family`` and a ``forward`` whose
 signature depends only on the family, so that models never special-case an encoding:
 
-==============  ===========================================================  =====================
-family          forward(...)                                                  returns
-==============  ===========================================================  =====================
-``additive``    ``(shape, mask=None, *, device, dtype)``                      ``(B|1, h*w, dim)``
-``rotary``      ``(shape, mask=None, *, device)``                             angles ``(B|1, heads|1, h*w, head_dim/2)`` float32
-``bias``        ``(shape, mask=None, *, device, dtype, q=None)``              ``(B|1, heads, P+h*w, P+h*w)``
-``conditional`` ``(x (B, C, h, w), mask=None)``                               ``(B, C, h, w)`` term to add
-``none``        anything                                                      ``None``
-==============  ===========================================================  =====================
+| family | forward(...) | returns |
+|---|---|---|
+| ``additive`` | ``(shape, mask=None, *, device, dtype)`` | ``(B|1, h*w, dim)`` |
+| ``rotary`` | ``(shape, mask=None, *, device)`` | angles ``(B|1, heads|1, h*w, head_dim/2)`` float32 |
+| ``bias`` | ``(shape, mask=None, *, device, dtype, q=None)`` | ``(B|1, heads, P+h*w, P+h*w)`` |
+| ``conditional`` | ``(x (B, C, h, w), mask=None)`` | ``(B, C, h, w)`` term to add |
+| ``none`` | anything | ``None`` |
 
 ``shape`` is the token grid ``(h, w)``; ``mask`` is a padding mask ``(B, h, w)``, True = padding.
 Tokens are flattened row-major: token ``i`` sits at ``(y, x) = divmod(i, w)``.
