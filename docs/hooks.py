@@ -135,7 +135,9 @@ def api_modules() -> dict[str, list[str]]:
 
 
 def api_page(modules: list[str]) -> str:
-    return f"# `{modules[0]}`\n\n" + "\n\n".join(f"::: {m}" for m in modules) + "\n"
+    """The page's title is the module (or package); its docstring follows, then its submodules'."""
+    first = f"::: {modules[0]}\n    options:\n      show_root_heading: false\n      show_root_toc_entry: false\n"
+    return f"# `{modules[0]}`\n\n" + "\n".join([first, *(f"::: {m}\n" for m in modules[1:])])
 
 
 # ------------------------------------------------------------------ links as repository paths
