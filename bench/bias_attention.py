@@ -125,7 +125,7 @@ def main(argv=None) -> None:
         for n in skipped:
             print(f"| {g}x{g} | {N} | {n} | reference | skipped: the math kernel would need about "
                   f"{math_bytes / 2**30:.1f} GiB (--max-gb {args.max_gb:g}) | | | | |")
-        del q, k, v, ours, theirs, params
+        q = k = v = ours = theirs = params = None  # free this grid's tensors before the next (not del: the closures above name them)
 
 
 if __name__ == "__main__":

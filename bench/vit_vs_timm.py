@@ -101,7 +101,7 @@ def main(argv=None) -> None:
           f"in {args.clock} time (round-to-round spread); timm none: {ms(times, base):.0f} ms/step (wall)")
     print("| encoding | timm model | timm ratio | vispe ratio | vispe quartiles | vispe / timm | target (vispe ratio) | vispe ms/step (wall) |")
     print("|---|---|---|---|---|---|---|---|")
-    for row, timm_name, pe, target in ROWS:
+    for row, timm_name, _pe, target in ROWS:
         def cell(name, base):
             if name is None:
                 return "-", None
