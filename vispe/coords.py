@@ -22,6 +22,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.types import Device
 
 from vispe import _checks
 
@@ -29,7 +30,7 @@ GRID_MODES = ("index", "normalized", "centered", "pixel")
 
 
 def grid_coords(h: int, w: int, mode: str = "index", *, patch_size: float = 1.0,
-                device=None, dtype=torch.float32) -> torch.Tensor:
+                device: Device = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Coordinates of the tokens of an (h, w) grid, row-major: ``out[i] = (y_i, x_i)``.  # (h*w, 2)"""
     h, w = _checks.grid_shape("(h, w)", (h, w))
     _checks.choice("mode", mode, GRID_MODES)
@@ -39,18 +40,18 @@ def grid_coords(h: int, w: int, mode: str = "index", *, patch_size: float = 1.0,
     return torch.stack([yy, xx], dim=-1).reshape(h * w, 2).to(dtype)  # (h*w, 2)
 
 
-def _axis(n: int, mode: str, patch_size: float, device) -> torch.Tensor:
+def _axis(n: int, mode: str, patch_size: float, device: Device) -> torch.Tensor:
     i = torch.arange(n, device=device, dtype=torch.float32)  # (n,)
     if mode == "index":
         return i
     if mode == "normalized":
-        return i / torch.sym_max(n - 1, 1)  # 0 for a length-1 axis, no branch on n (export)
+        return i / torch.sym_max(n - 1, 1)  # type: ignore[return-value]  # 0 for a length-1 axis, no branch on n (export)
     if mode == "centered":
         return (i + 0.5) / n * 2 - 1
     return (i + 0.5) * patch_size  # pixel
 
 
-def float32_math(device: torch.device):
+def float32_math(device: torch.device | str) -> contextlib.AbstractContextManager[object]:
     """Autocast off on ``device``, so tables and angles are computed in float32 (then cast)."""
     try:
         return torch.autocast(torch.device(device).type, enabled=False)
@@ -62,7 +63,7 @@ VALID_MODES = ("index", "normalized", "centered")
 
 
 def valid_coords(shape: tuple[int, int], mask: torch.Tensor | None = None, mode: str = "index", *,
-                 device=None) -> torch.Tensor:
+                 device: Device = None) -> torch.Tensor:
     """Float32 (y, x) of the grid tokens, row-major, counted over each image's valid area.  # (B|1, h*w, 2)
 
     Without a mask: ``grid_coords(h, w, mode)`` with a leading 1. With a mask (B, h, w), True =
@@ -137,7 +138,7 @@ def jitter_coords(coords: torch.Tensor, *, shift: float = 0.0, jitter: float = 0
     return out
 
 
-def unit_coords(coords, extent=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def unit_coords(coords: torch.Tensor, extent: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Checked continuous coordinates for ``PositionEncoding.at``: float32 ``coords`` (B|1, N, 2) as
     (y, x) in unit coordinates of the valid area, and ``extent`` (B|1, 1, 2) valid (h, w) in cells or
     None. Unit coordinates of an n-cell axis: cell i spans [i/n, (i+1)/n], its centre is (i+0.5)/n."""
@@ -157,7 +158,7 @@ def unit_coords(coords, extent=None) -> tuple[torch.Tensor, torch.Tensor | None]
     return coords.float(), extent[:, None]  # (B|1, N, 2), (B|1, 1, 2)
 
 
-def valid_extent(mask: torch.Tensor | None, shape: tuple[int, int], device=None) -> torch.Tensor:
+def valid_extent(mask: torch.Tensor | None, shape: tuple[int, int], device: Device = None) -> torch.Tensor:
     """Valid (h, w) of each image in cells: its valid rows and columns.  # (B|1, 2) float32"""
     if mask is None:
         return torch.tensor([shape], dtype=torch.float32, device=device)  # (1, 2)

@@ -28,15 +28,18 @@ Parameter names follow DETR's (``input_proj``, ``query_embed``, ``class_embed``,
 """
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 from torch import nn
 
 from vispe import _checks
-from vispe.attention import PosContext
+from vispe.attention import Attention, PosContext
+from vispe.encoding import PositionEncoding
 from vispe.models.detr.backbone import build_backbone
 from vispe.models.detr.designs import CLASS_HEADS, build_design, fix_refpoints_xy, key_family
 from vispe.models.detr.mlp import MLP
-from vispe.models.detr.placement import check_family, parse_placement
+from vispe.models.detr.placement import Placement, check_family, parse_placement
 from vispe.models.detr.queries import QueryPositions
 from vispe.models.detr.transformer import Transformer
 from vispe.registry import build_in, get
@@ -56,16 +59,19 @@ class DETR(nn.Module):
 
     #: refuse NaN / inf pixels (opt-in, as the ViT's: costs one pass over the input per call)
     check_finite: bool = False
+    pe: PositionEncoding | None  # the encoder's additive or conditional encoding (rotary / bias: in its layers)
+    dec_pe: PositionEncoding | None  # the decoder keys' own additive encoding (None: the encoder's code)
+    config: dict[str, Any]  # create_detr's arguments, for checkpoints
 
     def __init__(self, backbone: nn.Module, transformer: Transformer, *, num_classes: int, num_queries: int,
-                 pe: str, pe_kwargs: dict, placement, dec_pe: str | None, dec_pe_kwargs: dict,
-                 grid=None, aux_loss: bool = True, queries: QueryPositions | None = None, query_dim: int | None = None,
+                 pe: str, pe_kwargs: dict[str, Any], placement: Placement, dec_pe: str | None,
+                 dec_pe_kwargs: dict[str, Any], grid: int | tuple[int, int] | None = None, aux_loss: bool = True, queries: QueryPositions | None = None, query_dim: int | None = None,
                  class_head: str = "softmax") -> None:
         super().__init__()
         d = transformer.d_model
         self.backbone, self.transformer = backbone, transformer
         self.in_chans = _image_channels(backbone)  # checked at the input (None: the backbone does not say)
-        self.input_proj = nn.Conv2d(backbone.num_channels, d, kernel_size=1)
+        self.input_proj = nn.Conv2d(cast(int, backbone.num_channels), d, kernel_size=1)
         self.queries = queries if queries is not None else QueryPositions(d, queries_at=placement.queries)
         self.query_embed = nn.Embedding(num_queries, query_dim or d)
         self.class_head = _checks.choice("class_head", class_head, CLASS_HEADS)
@@ -77,7 +83,8 @@ class DETR(nn.Module):
         self.pe_family = get(pe).family
         dec_family = get(dec_pe).family if dec_pe is not None else None
         check_family(pe, self.pe_family, placement, dec_pe, dec_family, design=self.queries.design)
-        context = dict(dim=d, num_heads=transformer.nheads, head_dim=d // transformer.nheads, num_prefix_tokens=0)
+        context: dict[str, Any] = dict(dim=d, num_heads=transformer.nheads, head_dim=d // transformer.nheads,
+                                       num_prefix_tokens=0)
         if grid is not None:
             context["grid"] = _checks.grid_shape("grid", grid)
         self.pe = self.dec_pe = None
@@ -85,7 +92,7 @@ class DETR(nn.Module):
             self.pe = build_in(pe, context, **pe_kwargs)
         elif self.pe_family in ("rotary", "bias"):
             for layer in transformer.encoder:
-                layer.self_attn.set_pe(build_in(pe, context, **pe_kwargs))
+                cast(Attention, layer.self_attn).set_pe(build_in(pe, context, **pe_kwargs))
         elif pe_kwargs:
             raise ValueError(f"pe_kwargs={pe_kwargs!r}: the encoding {pe!r} takes no settings")
         if dec_pe is not None and dec_family == "additive":
@@ -96,15 +103,15 @@ class DETR(nn.Module):
         if self.queries.cross == "rotary":  # every cross-attention gets its own rotary encoding
             name, kw = (dec_pe, dec_pe_kwargs) if dec_pe is not None else (pe, pe_kwargs)
             for layer in transformer.decoder:
-                layer.cross_attn.set_pe(build_in(name, context, **kw))
+                cast(Attention, layer.cross_attn).set_pe(build_in(name, context, **kw))
 
     # --- positions -----------------------------------------------------------------------------
-    def _codes(self, x: torch.Tensor, mask: torch.Tensor | None):
+    def _codes(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Additive 2D codes for the encoder and the decoder keys, or None.  # (B|1, h*w, d) each"""
         shape, pl = tuple(x.shape[-2:]), self.placement
         rotary_keys = self.queries.cross == "rotary"
         enc = dec = None
-        if self.pe_family == "additive" and (pl.encoder != "none" or (pl.decoder != "none" and self.dec_pe is None
+        if self.pe is not None and self.pe_family == "additive" and (pl.encoder != "none" or (pl.decoder != "none" and self.dec_pe is None
                                                                       and not rotary_keys)):
             enc = self.pe(shape, mask, device=x.device, dtype=x.dtype)
         if pl.decoder != "none" and not rotary_keys:
@@ -112,7 +119,7 @@ class DETR(nn.Module):
         return (enc if pl.encoder != "none" else None), dec
 
     # --- forward -----------------------------------------------------------------------------------
-    def forward(self, images: torch.Tensor, mask: torch.Tensor | None = None) -> dict:
+    def forward(self, images: torch.Tensor, mask: torch.Tensor | None = None) -> dict[str, Any]:
         """Images (B, 3, H, W) and padding mask (B, H, W), True = padding -> DETR's output dict."""
         mask = _check_inputs(images, mask, self.in_chans, self.check_finite)
         feats, fmask = _eager_backbone(self.backbone, images, mask)  # (B, C, h, w), (B, h, w)
@@ -120,7 +127,7 @@ class DETR(nn.Module):
         B, d, h, w = x.shape
         grid_mask = fmask if bool(fmask.any()) else None  # no padding: cached tables, unmasked attention
         pl = self.placement
-        if self.pe_family == "conditional":
+        if self.pe is not None and self.pe_family == "conditional":
             x = x + self.pe(x, grid_mask)
         tokens = x.flatten(2).transpose(1, 2)  # (B, h*w, d)
         enc_code, dec_code = self._codes(x, grid_mask)
@@ -143,7 +150,7 @@ class DETR(nn.Module):
                                   for a, b in zip(logits[:-1], boxes[:-1])]
         return out
 
-    def param_groups(self, lr: float, lr_backbone: float, weight_decay: float) -> list[dict]:
+    def param_groups(self, lr: float, lr_backbone: float, weight_decay: float) -> list[dict[str, Any]]:
         """DETR's optimiser groups: the backbone at ``lr_backbone``, the rest at ``lr``."""
         named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
         return [{"params": [p for n, p in named if not n.startswith("backbone.")], "lr": lr, "weight_decay": weight_decay},
@@ -151,8 +158,9 @@ class DETR(nn.Module):
                  "weight_decay": weight_decay}]
 
 
-@torch.compiler.disable
-def _eager_backbone(backbone, images, mask):
+@torch.compiler.disable  # type: ignore[untyped-decorator]  # untyped in torch
+def _eager_backbone(backbone: nn.Module, images: torch.Tensor,
+                    mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The backbone, outside any torch.compile graph. Inductor (torch 2.14) fails on the stride-2
     convolutions of a batch whose size changed (symbolic H, W): "cannot determine truth value of
     Relational: 1 < (((s54 - 1)//2)) + 1" while ordering strides, and hints on the sizes
@@ -167,7 +175,8 @@ def _image_channels(backbone: nn.Module) -> int | None:
     return conv.in_channels if conv is not None else None
 
 
-def _check_inputs(images, mask, in_chans: int | None = None, check_finite: bool = False) -> torch.Tensor:
+def _check_inputs(images: torch.Tensor, mask: torch.Tensor | None, in_chans: int | None = None,
+                  check_finite: bool = False) -> torch.Tensor:
     """Checked images and mask (the rules of every vispe model, ``vispe._checks.images``); a missing
     mask means no padding.  # mask (B, H, W) bool"""
     _checks.images("images", images, mask, in_chans=in_chans, check_finite=check_finite)
@@ -177,15 +186,17 @@ def _check_inputs(images, mask, in_chans: int | None = None, check_finite: bool 
     return mask.to(images.device)
 
 
-def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", backbone_weights=None,
-                dilation: bool = False, train_backbone: bool = True, backbone_widths=None,
-                backbone_kwargs: dict | None = None, backbone_mask_aware: bool = False, pe: str = "sine", pe_kwargs: dict | None = None,
-                pe_at="attn", query_pos_at: str = "attn", dec_pe: str | None = None,
-                dec_pe_kwargs: dict | None = None, grid=None, num_queries: int = 100, d_model: int = 256,
+def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", backbone_weights: str | None = None,
+                dilation: bool = False, train_backbone: bool = True, backbone_widths: tuple[int, ...] | None = None,
+                backbone_kwargs: dict[str, Any] | None = None, backbone_mask_aware: bool = False, pe: str = "sine",
+                pe_kwargs: dict[str, Any] | None = None, pe_at: str | dict[str, str] = "attn",
+                query_pos_at: str = "attn", dec_pe: str | None = None, dec_pe_kwargs: dict[str, Any] | None = None,
+                grid: int | tuple[int, int] | None = None, num_queries: int = 100, d_model: int = 256,
                 nheads: int = 8, enc_layers: int = 6, dec_layers: int = 6, dim_feedforward: int = 2048,
                 dropout: float = 0.1, attn_dropout: float | None = None, aux_loss: bool = True,
-                decoder: str = "detr", decoder_kwargs: dict | None = None, box_bias: str | None = None,
-                box_bias_kwargs: dict | None = None, class_head: str | None = None, activation: str = "relu") -> DETR:
+                decoder: str = "detr", decoder_kwargs: dict[str, Any] | None = None, box_bias: str | None = None,
+                box_bias_kwargs: dict[str, Any] | None = None, class_head: str | None = None,
+                activation: str = "relu") -> DETR:
     """A DETR-style detector with encoding ``pe``; the defaults are DETR R50's.
 
     Args:
@@ -234,9 +245,9 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
         _checks.positive_int(name, value, allow_zero=name == "enc_layers")
     if d_model % nheads:
         raise ValueError(f"d_model={d_model}: expected a multiple of nheads={nheads}")
-    for name, value in (("dropout", dropout), ("attn_dropout", attn_dropout)):
-        if value is not None and not (isinstance(value, (int, float)) and 0 <= value < 1):
-            raise ValueError(f"{name}={value!r}: expected a probability in [0, 1)")
+    for name, prob in (("dropout", dropout), ("attn_dropout", attn_dropout)):
+        if prob is not None and not (isinstance(prob, (int, float)) and 0 <= prob < 1):
+            raise ValueError(f"{name}={prob!r}: expected a probability in [0, 1)")
     if not isinstance(aux_loss, bool):
         raise ValueError(f"aux_loss={aux_loss!r}: expected True or False")
     placement = parse_placement(pe_at, query_pos_at)
@@ -244,7 +255,7 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
                          widths=backbone_widths, kwargs=backbone_kwargs, mask_aware=backbone_mask_aware)
     design = build_design(decoder, dict(decoder_kwargs or {}), box_bias=box_bias,
                           box_bias_kwargs=dict(box_bias_kwargs or {}), d_model=d_model, nheads=nheads,
-                          queries_at=placement.queries, key_family=key_family(pe, dec_pe), stride=net.stride,
+                          queries_at=placement.queries, key_family=key_family(pe, dec_pe), stride=cast(float, net.stride),
                           dec_layers=dec_layers)
     transformer = Transformer(d_model, nheads, enc_layers, dec_layers, dim_feedforward, dropout, attn_dropout,
                               layer_kwargs=design["layer_kwargs"], enc_pos_scale=design["enc_pos_scale"],
