@@ -30,9 +30,11 @@ if "torch" not in sys.modules:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from vispe.data.common import DataFileError  # noqa: E402
-from vispe.train import config as C  # noqa: E402
-from vispe.train import distributed as D
-from vispe.train import rundir
+from vispe.train import (
+    config as C,  # noqa: E402
+    distributed as D,
+    rundir,
+)
 from vispe.train.checkpoint import CheckpointError
 from vispe.train.engine import Interrupted, resolve_amp, resolve_device
 from vispe.train.logging import WriteError, atomic_write, comparison_table, plot_comparison

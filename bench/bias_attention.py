@@ -27,9 +27,9 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # this checkout's vispe, then bench/_common
-from _common import interleaved, machine, ms, ratio  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from _common import interleaved, machine, ms, ratio  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from vispe.image.relbias import RelBias  # noqa: E402

@@ -172,6 +172,7 @@ def rope_vit_apply(t, h, w, head_dim, theta=100.0):
 @pytest.mark.parametrize("shape", SHAPES)
 def test_rope_axial_xy_interleaved_is_rope_vit_and_timm(shape):
     from timm.layers.pos_embed_sincos import build_rotary_pos_embed
+
     from vispe.axis.rope import apply_rope
 
     h, w = shape

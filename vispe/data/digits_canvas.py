@@ -39,8 +39,15 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from vispe import _checks
-from vispe.data.common import (SPLITS, DatasetInfo, check_img_size, check_options, check_seed,
-                               check_split, check_train_augment)
+from vispe.data.common import (
+    SPLITS,
+    DatasetInfo,
+    check_img_size,
+    check_options,
+    check_seed,
+    check_split,
+    check_train_augment,
+)
 
 TASKS = ("class", "cell", "relative", "content_position")
 TEST_FRACTION = 0.3

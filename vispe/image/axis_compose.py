@@ -44,8 +44,15 @@ from torch import nn
 from vispe import _checks
 from vispe.axis.learned import LearnedTable1d
 from vispe.axis.sinusoidal import LAYOUTS, sinusoid_frequencies, sinusoidal
-from vispe.image._additive import (COORD_MODES, AdditiveBase, axis_positions, centred, check_center, fit_axis_tables,
-                                   float32_math)
+from vispe.image._additive import (
+    COORD_MODES,
+    AdditiveBase,
+    axis_positions,
+    centred,
+    check_center,
+    fit_axis_tables,
+    float32_math,
+)
 from vispe.registry import register
 
 AXES = ("sinusoidal", "learned")
@@ -169,7 +176,7 @@ class Axis2dEncoding(AdditiveBase):
                 code = centred(code, mask if self.mask_aware else None)  # (B|1, h*w, dim)
             return code
 
-    def resize_(self, shape) -> "Axis2dEncoding":
+    def resize_(self, shape) -> Axis2dEncoding:
         """Learned axis: resample the tables to ``shape`` = (h, w) entries (load time)."""
         h, w = _checks.grid_shape("shape", shape)
         if self.row is not None:

@@ -47,7 +47,6 @@ from vispe.axis.rope_scaling import ntk_frequencies, yarn_frequencies
 from vispe.image._rotary import RotaryBase
 from vispe.registry import register
 
-
 AXIS_ORDERS = ("yx", "xy")
 
 

@@ -33,7 +33,6 @@ from functools import partial
 import torch
 
 
-
 def dinov3_rope_kwargs(*, base: float | None = 100.0, min_period: float | None = None,
                        max_period: float | None = None, normalize_coords: str = "separate",
                        shift_coords: float | None = None, jitter_coords: float | None = None,

@@ -18,8 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from timm.layers import Attention as TimmAttention
-from timm.layers import Format
+from timm.layers import Attention as TimmAttention, Format
 from timm.models.deit import VisionTransformerDistilled
 from timm.models.eva import Eva
 from timm.models.vision_transformer import Block, VisionTransformer

@@ -44,7 +44,6 @@ from vispe.models.detr.queries import QueryPositions
 from vispe.models.detr.transformer import Transformer
 from vispe.registry import build_in, get
 
-
 BoxHead = MLP  # DETR's box MLP (``bbox_embed.layers.N``)
 
 

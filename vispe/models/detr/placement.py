@@ -20,8 +20,8 @@ What each family can do (anything else is refused with the reason):
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from vispe import _checks
 
