@@ -229,6 +229,7 @@ def _mounted_pages():
 def on_files(files, config):
     from mkdocs.structure.files import File
 
+    _SHOWN.clear()  # mkdocs serve rebuilds in one process
     for f in files:
         _REPO_PATH[f.src_uri] = "docs/" + f.src_uri
     files.append(File.generated(config, "index.md", abs_src_path=os.path.join(ROOT, "README.md")))

@@ -145,7 +145,7 @@ def site(tmp_path_factory) -> Path:
     need("mkdocs (the docs extra)", _module("mkdocs") and _module("mkdocstrings") and _module("material"))
     out = tmp_path_factory.mktemp("site")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_MKDOCS_2_WARNING": "1"}
-    subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(out)], cwd=ROOT, env=env,
+    subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)], cwd=ROOT, env=env,
                    check=True)
     return out
 
