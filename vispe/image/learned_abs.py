@@ -25,8 +25,12 @@ reads it at each token's position counted over the valid area (``vispe.coords.va
 image alone and the same image padded in a batch (padding anywhere) get the same code on their valid
 tokens: NaFlex's rule (SigLIP-2, Tschannen et al., 2025; timm ``NaFlexEmbeds``, which resamples its
 learned table to each image's grid; ``vispe.models.naflex``). One resampling per distinct extent in
-the batch (a Python loop over the extents: not for ``torch.export`` with a mask). Padding tokens
-get the code of the last valid cell of their row/column. Output ``(B|1, h*w, dim)``.
+the batch (a Python loop over the extents: not for ``torch.export`` with a mask). What padding
+tokens get is ``pad_value``: "edge" (default) the code of the last valid cell of their row/column;
+"first" the first vector of the image's resampled table, its top-left cell's code (transformers'
+``Siglip2VisionEmbeddings.resize_positional_embeddings`` fills its padded slots so); "zeros" none.
+Padding tokens are hidden from attention, so the choice shows only in their own outputs (and in a
+padding-leakage probe). Output ``(B|1, h*w, dim)``.
 """
 from __future__ import annotations
 
@@ -41,6 +45,7 @@ from vispe.image._additive import AdditiveBase, float32_math
 from vispe.registry import register
 
 INTERPOLATIONS = ("bicubic", "bilinear")
+PAD_VALUES = ("edge", "first", "zeros")
 
 
 def resample_grid_table(table: torch.Tensor, old: tuple[int, int], new: tuple[int, int], *,
@@ -74,6 +79,8 @@ class LearnedAbsEncoding(AdditiveBase):
             (timm's ``resample_abs_pos_embed``); False: never.
         overflow: "interpolate" (default) or "error" for a grid larger than ``grid``.
         mask_aware: with a padding mask, resample per image to its valid extent (module docstring).
+        pad_value: with ``mask_aware``, the code of padding tokens: "edge" (default), "first"
+            (SigLIP2's) or "zeros" (module docstring); another value than "edge" needs mask_aware=True.
     """
 
     learned_prefix = True  # in a ViT, class/register tokens get learned vectors (timm's pos_embed)
@@ -81,7 +88,7 @@ class LearnedAbsEncoding(AdditiveBase):
 
     def __init__(self, dim: int, *, grid, num_prefix_tokens: int = 0,
                  init_std: float = 0.02, interpolation: str = "bicubic", antialias: bool = True,
-                 overflow: str = "interpolate", mask_aware: bool = False) -> None:
+                 overflow: str = "interpolate", mask_aware: bool = False, pad_value: str = "edge") -> None:
         super().__init__(dim, num_prefix_tokens)
         self.grid = _checks.grid_shape("grid", grid)
         _checks.positive_float("init_std", init_std)
@@ -93,6 +100,10 @@ class LearnedAbsEncoding(AdditiveBase):
         if not isinstance(mask_aware, bool):
             raise ValueError(f"mask_aware={mask_aware!r}: expected True or False")
         self.mask_aware = mask_aware
+        self.pad_value = _checks.choice("pad_value", pad_value, PAD_VALUES)
+        if pad_value != "edge" and not mask_aware:
+            raise ValueError(f"pad_value={pad_value!r} with mask_aware=False: padding tokens get a value of their own "
+                             "only when the table is resampled per image (mask_aware=True)")
         h, w = self.grid
         self.pos_embed = nn.Parameter(torch.zeros(1, h * w, dim))  # (1, h*w, dim)
         nn.init.trunc_normal_(self.pos_embed, std=init_std)
@@ -114,6 +125,10 @@ class LearnedAbsEncoding(AdditiveBase):
             table = self._resampled(tuple(hw)).to(device)[0]  # (h_b*w_b, dim)
             flat = index[rows, :, 0] * hw[1] + index[rows, :, 1]  # (b, N)
             out[rows] = table[flat]
+            if self.pad_value != "edge":
+                pad = mask[rows].flatten(1).to(device)[..., None]  # (b, N, 1)
+                fill = table[:1] if self.pad_value == "first" else torch.zeros_like(table[:1])  # (1, dim)
+                out[rows] = torch.where(pad, fill, out[rows])
         return out
 
     def _resampled(self, shape: tuple[int, int]) -> torch.Tensor:
@@ -170,4 +185,4 @@ class LearnedAbsEncoding(AdditiveBase):
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, grid={self.grid}, num_prefix_tokens={self.num_prefix_tokens}, "
                 f"interpolation={self.interpolation!r}, antialias={self.antialias}, overflow={self.overflow!r}, "
-                f"mask_aware={self.mask_aware}")
+                f"mask_aware={self.mask_aware}" + (f", pad_value={self.pad_value!r}" if self.pad_value != "edge" else ""))
