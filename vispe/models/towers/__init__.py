@@ -51,3 +51,4 @@ def convertible() -> list[str]:
 # one import line per family file below.
 from vispe.models.towers import qwen_vl  # noqa: E402,F401
 from vispe.models.towers import sam  # noqa: E402,F401
+from vispe.models.towers import siglip2  # noqa: E402,F401
