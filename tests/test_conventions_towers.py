@@ -112,3 +112,46 @@ def test_rtdetr_aifi_sincos_is_sincos2ds_default_position_by_position_on_a_non_s
     torch.testing.assert_close(pe((4, 4))[0], ref_rtdetr_original(4, 4, C, T)[0], rtol=0, atol=1e-6)
     # ... and scrambles positions on non-square ones (transformers#41380): not reproduced
     assert (ref_rtdetr_original(w, h, C, T)[0] - got).abs().max() > 0.1
+
+
+# --- faithful copy of transformers' Idefics3VisionEmbeddings position ids (NaViT's buckets) ---------------
+def ref_idefics3_position_ids(patch_attention_mask, num_patches_per_side):
+    batch_size = patch_attention_mask.shape[0]
+    max_nb_patches_h, max_nb_patches_w = patch_attention_mask.shape[1:]
+    boundaries = torch.arange(1 / num_patches_per_side, 1.0, 1 / num_patches_per_side)
+    position_ids = torch.full(size=(batch_size, max_nb_patches_h * max_nb_patches_w), fill_value=0)
+    nb_patches_h = patch_attention_mask[:, :, 0].sum(dim=1)
+    nb_patches_w = patch_attention_mask[:, 0, :].sum(dim=1)
+    step_h = 1.0 / nb_patches_h
+    step_w = 1.0 / nb_patches_w
+    h_indices = torch.arange(patch_attention_mask.size(1), dtype=torch.float32)
+    w_indices = torch.arange(patch_attention_mask.size(2), dtype=torch.float32)
+    fractional_coords_h = h_indices[None, :] * step_h[:, None]
+    fractional_coords_w = w_indices[None, :] * step_w[:, None]
+    fractional_coords_h = torch.clamp(fractional_coords_h, max=(1.0 - 1e-6))
+    fractional_coords_w = torch.clamp(fractional_coords_w, max=(1.0 - 1e-6))
+    bucket_coords_h = torch.bucketize(fractional_coords_h, boundaries, right=True)
+    bucket_coords_w = torch.bucketize(fractional_coords_w, boundaries, right=True)
+    pos_ids = bucket_coords_h[:, :, None] * num_patches_per_side + bucket_coords_w[:, None, :]
+    pos_ids = pos_ids.reshape(batch_size, -1)
+    return torch.where(patch_attention_mask.view(batch_size, -1), pos_ids, position_ids)
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("N, extents", [(5, [(3, 7), (7, 2), (5, 5)]), (16, [(30, 11), (16, 16), (13, 29)])])
+def test_learned_abs_bucket_is_idefics3s_navit_position_ids_patch_by_patch(N, extents):
+    """Each image of a padded batch (valid area top-left, grown and shrunk against the N x N table, non-square
+    both ways) reads the table row Idefics3 reads at every patch, padded patches row 0 (``pad_value="first"``)."""
+    torch.manual_seed(0)
+    H, W = max(h for h, _ in extents), max(w for _, w in extents)
+    valid = torch.zeros(len(extents), H, W, dtype=torch.bool)
+    for b, (h, w) in enumerate(extents):
+        valid[b, :h, :w] = True
+    pe = vispe.build("learned_abs", dim=4, grid=(N, N), interpolation="bucket", mask_aware=True, pad_value="first")
+    table = pe.pos_embed.detach()[0]  # (N*N, 4)
+    want = table[ref_idefics3_position_ids(valid, N)]  # (B, H*W, 4)
+    assert torch.equal(pe((H, W), ~valid), want)
+    full = ref_idefics3_position_ids(torch.ones(1, 3, 7, dtype=torch.bool), N)  # no mask: the whole grid
+    assert torch.equal(pe((3, 7))[0], table[full[0]])
+    with pytest.raises(ValueError, match="antialias='always' with interpolation='bucket'"):
+        vispe.build("learned_abs", dim=4, grid=(N, N), interpolation="bucket", antialias="always")

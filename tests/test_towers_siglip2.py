@@ -99,3 +99,56 @@ def test_inputs_that_do_not_convert_are_refused_by_name():
         m(pv, am, ss, output_attentions=True)
     with pytest.raises(ValueError, match="keep_abs_pos"):
         convert_vit(hf_siglip2(), pe="rope_axial", keep_abs_pos=True)
+
+
+# --- Idefics3 (SigLIP with NaViT's bucketed fractional positions) -------------------------------------------
+def hf_idefics3():
+    from transformers import Idefics3VisionConfig
+    from transformers.models.idefics3.modeling_idefics3 import Idefics3VisionTransformer
+
+    torch.manual_seed(0)
+    cfg = Idefics3VisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+                               image_size=20, patch_size=4)
+    m = Idefics3VisionTransformer(cfg)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.1)
+    return m.eval()
+
+
+def _idefics3_batch():
+    """Two aspect ratios padded into one 7x9-patch batch (Idefics3's processor pads bottom/right)."""
+    pm = torch.zeros(2, 7, 9, dtype=torch.bool)
+    pm[0, :7, :3] = True
+    pm[1, :2, :9] = True
+    x = torch.randn(2, 3, 28, 36, generator=torch.Generator().manual_seed(1))
+    return x * pm.repeat_interleave(4, 1).repeat_interleave(4, 2)[:, None], pm
+
+
+def test_idefics3_parity_on_a_padded_batch_and_without_a_mask():
+    hf = hf_idefics3()
+    m = convert_vit(hf)
+    assert type(m).__name__ == "Idefics3VisionTower" and m.pe.interpolation == "bucket"
+    x, pm = _idefics3_batch()
+    with torch.no_grad():
+        for args in ((x, pm), (torch.randn(2, 3, 24, 16),)):  # a padded batch; a 6x4 grid with no mask
+            want, got = hf(*args, output_hidden_states=True), m(*args, output_hidden_states=True)
+            assert type(got) is type(want) and len(got.hidden_states) == len(want.hidden_states) == 3
+            torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=1e-4, atol=1e-4)
+            for a, b in zip(got.hidden_states, want.hidden_states):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    bad = pm.clone()
+    bad[0, 0, 0] = False  # not a top-left rectangle
+    with pytest.raises(ValueError, match=r"patch_attention_mask\[0\]"):
+        m(x, bad)
+
+
+def test_idefics3_with_rope_axial_gives_each_padded_image_what_it_gives_alone():
+    m = convert_vit(hf_idefics3(), pe="rope_axial")
+    x, pm = _idefics3_batch()
+    with torch.no_grad():
+        out = m(x, pm).last_hidden_state.view(2, 7, 9, -1)
+        for b, (h, w) in enumerate([(7, 3), (2, 9)]):
+            alone = m(x[b:b + 1, :, :4 * h, :4 * w]).last_hidden_state.view(h, w, -1)
+            torch.testing.assert_close(out[b, :h, :w], alone, rtol=1e-4, atol=1e-4)

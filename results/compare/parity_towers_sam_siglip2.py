@@ -1,5 +1,5 @@
-"""Parity of the converted SAM and SigLIP2 towers (``convert_vit``, ``vispe.models.towers.sam`` /
-``.siglip2``) against the reference libraries, every parameter redrawn: the largest absolute difference of
+"""Parity of the converted SAM, SigLIP2 and Idefics3 towers (``convert_vit``, ``vispe.models.towers.sam``,
+``.siglip2``, ``.idefics3``) against the reference libraries, every parameter redrawn: the largest absolute difference of
 each output field on each input, and the largest output for scale. One ``Entry`` per tower in ``TOWERS``.
 
     .venv/bin/python results/compare/parity_towers_sam_siglip2.py > results/compare/parity_towers_sam_siglip2.md
@@ -125,6 +125,29 @@ def _siglip2_cases(model, size: str, g: torch.Generator) -> list:
     return out
 
 
+# --- Idefics3: padded images and patch_attention_mask (NaViT's bucketed positions) --------------------
+def _idefics3(size: str):
+    from transformers import Idefics3VisionConfig
+    from transformers.models.idefics3.modeling_idefics3 import Idefics3VisionTransformer
+
+    kw = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2, image_size=20,
+              patch_size=4) if size == "tiny" else dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27,
+                                                       num_attention_heads=16, image_size=364, patch_size=14)  # Idefics3-8B
+    return redraw(Idefics3VisionTransformer(Idefics3VisionConfig(**kw)))
+
+
+def _idefics3_cases(model, size: str, g: torch.Generator) -> list:
+    p = model.config.patch_size
+    (H, W), shapes = ((7, 9), [(7, 3), (2, 9)]) if size == "tiny" else ((26, 32), [(26, 15), (11, 32)])
+    pm = torch.zeros(len(shapes), H, W, dtype=torch.bool)
+    for b, (h, w) in enumerate(shapes):
+        pm[b, :h, :w] = True
+    x = torch.randn(len(shapes), 3, H * p, W * p, generator=g) * pm.repeat_interleave(p, 1).repeat_interleave(p, 2)[:, None]
+    n = model.config.image_size // p
+    return [Case(f"padded: {' and '.join(f'{h}x{w}' for h, w in shapes)} patches in {H}x{W} (table {n}x{n})", (x, pm)),
+            Case(f"2 images {n}x{n} patches, no mask", (torch.randn(2, 3, n * p, n * p, generator=g),))]
+
+
 TOWERS = {
     "hf_sam": Entry("hf_sam", "transformers `SamVisionEncoder`", _hf_sam, _hf_sam_cases, ("last_hidden_state",)),
     "hf_sam_b": Entry("hf_sam_b", "transformers `SamVisionEncoder`, a second config size",
@@ -132,6 +155,7 @@ TOWERS = {
     "timm_sam": Entry("timm_sam", "timm `VisionTransformerSAM` (logits)", _timm_sam, _timm_sam_cases, ("",)),
     "siglip2": Entry("siglip2", "transformers `Siglip2VisionModel`", _siglip2, _siglip2_cases,
                      ("last_hidden_state", "pooler_output")),
+    "idefics3": Entry("idefics3", "transformers `Idefics3VisionTransformer`", _idefics3, _idefics3_cases),
 }
 
 
@@ -179,7 +203,7 @@ def main(argv=None) -> int:
                             cwd=Path(__file__).parent).stdout.strip()
     cmd = "python results/compare/parity_towers_sam_siglip2.py" + (" --tiny" if args.tiny else "") + \
         (f" --only {' '.join(args.only)}" if args.only else "")
-    print("# Parity of the converted SAM and SigLIP2 towers (random weights)\n")
+    print("# Parity of the converted SAM, SigLIP2 and Idefics3 towers (random weights)\n")
     print(f"`{cmd}` at commit {commit}; {machine()} (other jobs shared it), torch {torch.__version__}, "
           f"transformers {transformers.__version__}, timm {timm.__version__}, float32 on CPU. Every parameter redrawn "
           f"(norm weights in [0.5, 1.5], position tables N(0, 0.04), other matrices N(0, 1/fan_in), the rest "

@@ -8,7 +8,9 @@ Prefix tokens (class, register): ``num_prefix_tokens`` own learned vectors ``(1,
 
 Grid change (square or not): the table is reshaped to (dim, h, w) and resampled to the target
 SIZE as ``timm.layers.resample_abs_pos_embed`` does (never a scale factor: pytorch#96236),
-``interpolation`` "bicubic" (default, DeiT/timm) or "bilinear". ``antialias``: True (default)
+``interpolation`` "bicubic" (default, DeiT/timm), "bilinear", or "bucket" (NaViT's fractional
+positions, Idefics3's: cell i of n reads row ``bucket(i / n)`` of the table, ``bucket_index``; no
+interpolation, ``antialias`` does not apply). ``antialias``: True (default)
 antialiases only when an axis shrinks (torch's antialiased bicubic uses another kernel, a=-0.5
 instead of -0.75, so growing keeps the plain one); "always" antialiases also when growing, as
 timm's ``resample_abs_pos_embed`` and so its ``dynamic_img_size`` ViTs do (use it to reproduce a
@@ -44,7 +46,7 @@ from vispe.coords import valid_coords
 from vispe.image._additive import AdditiveBase, float32_math
 from vispe.registry import register
 
-INTERPOLATIONS = ("bicubic", "bilinear")
+INTERPOLATIONS = ("bicubic", "bilinear", "bucket")
 PAD_VALUES = ("edge", "first", "zeros")
 
 
@@ -54,7 +56,12 @@ def resample_grid_table(table: torch.Tensor, old: tuple[int, int], new: tuple[in
 
     ``antialias``: True = only when an axis shrinks, "always" = timm's rule, False = never.
     Computed in float32, cast back. ``new`` may be symbolic (torch.export): no branch on it.
+    ``interpolation="bucket"``: NaViT's fractional buckets (``bucket_index``), not the identity at the same size.
     """
+    if interpolation == "bucket":
+        rows, cols = bucket_index(new[0], old[0], table.device), bucket_index(new[1], old[1], table.device)
+        grid = table.reshape(old[0], old[1], table.shape[-1])  # (oh, ow, C)
+        return grid[rows][:, cols].reshape(1, -1, table.shape[-1])  # (1, nh*nw, C)
     if _tracing.known(old[0] == new[0]) and _tracing.known(old[1] == new[1]):
         return table
     C = table.shape[-1]
@@ -63,6 +70,17 @@ def resample_grid_table(table: torch.Tensor, old: tuple[int, int], new: tuple[in
         grid = table.float().reshape(1, old[0], old[1], C).permute(0, 3, 1, 2)  # (1, C, oh, ow)
         out = _tracing.resize(grid, new, mode=interpolation, antialias=rule, align_corners=False)  # (1, C, nh, nw)
         return out.permute(0, 2, 3, 1).reshape(1, -1, C).to(table.dtype)  # (1, nh*nw, C)
+
+
+def bucket_index(n: int, length: int, device=None) -> torch.Tensor:
+    """NaViT's (Dehghani et al., 2023) fractional position of cell i of n, i / n (its top-left corner, in
+    float32, clamped below 1), bucketed into ``length`` equal buckets by the boundaries
+    ``arange(1/length, 1, 1/length)`` (``right=True``): the table row read by cell i, as transformers'
+    ``Idefics3VisionEmbeddings`` computes it.  # (n,) long"""
+    step = 1.0 / torch.tensor(n, dtype=torch.float32, device=device)
+    coords = (torch.arange(n, dtype=torch.float32, device=device) * step).clamp(max=1.0 - 1e-6)  # (n,)
+    boundaries = torch.arange(1 / length, 1.0, 1 / length, device=device)  # float32, as the reference
+    return torch.bucketize(coords, boundaries, right=True)
 
 
 @register("learned_abs")
@@ -74,7 +92,7 @@ class LearnedAbsEncoding(AdditiveBase):
         grid: (h, w) of the stored table (an int n means (n, n)).
         num_prefix_tokens: learned prefix vectors returned by ``prefix()`` (0: none).
         init_std: std of the truncated-normal initialisation (timm: 0.02).
-        interpolation: "bicubic" (default) or "bilinear".
+        interpolation: "bicubic" (default), "bilinear" or "bucket" (NaViT / Idefics3, module docstring).
         antialias: True (default): antialias when an axis shrinks; "always": also when growing
             (timm's ``resample_abs_pos_embed``); False: never.
         overflow: "interpolate" (default) or "error" for a grid larger than ``grid``.
@@ -96,6 +114,9 @@ class LearnedAbsEncoding(AdditiveBase):
         if not (isinstance(antialias, bool) or antialias == "always"):
             raise ValueError(f"antialias={antialias!r}: expected True, False or 'always'")
         self.antialias = antialias
+        if interpolation == "bucket" and antialias is not True:
+            raise ValueError(f"antialias={antialias!r} with interpolation='bucket': buckets read table rows, "
+                             "nothing is filtered (leave antialias at its default)")
         self.overflow = _checks.choice("overflow", overflow, ("interpolate", "error"))
         if not isinstance(mask_aware, bool):
             raise ValueError(f"mask_aware={mask_aware!r}: expected True or False")

@@ -48,6 +48,19 @@ from vispe.models.towers._common import Tower, TowerBlock, from_canvas, model_ou
 NATIVE = dict(interpolation="bilinear", antialias="always", mask_aware=True, pad_value="first")
 
 
+def siglip_blocks(layers) -> nn.ModuleList:
+    """``TowerBlock``s with copies of SigLIP-style encoder layers (``layer_norm1``, ``self_attn`` with q/k/v/out
+    projections, ``layer_norm2``, ``mlp``; SigLIP2's and Idefics3's), vispe's ``Attention`` with q, k, v fused."""
+    blocks = nn.ModuleList()
+    for layer in layers:
+        a = layer.self_attn
+        attn = vispe_attention(a.num_heads, a.q_proj, a.k_proj, a.v_proj, a.out_proj)
+        attn.attn_drop.p = float(a.dropout)
+        blocks.append(TowerBlock(copy.deepcopy(layer.layer_norm1), attn, copy.deepcopy(layer.layer_norm2),
+                                 copy.deepcopy(layer.mlp)))
+    return blocks
+
+
 class Siglip2VisionTower(Tower):
     """SigLIP2's vision tower with vispe attention and encodings (module docstring)."""
 
@@ -60,13 +73,7 @@ class Siglip2VisionTower(Tower):
         self.patch_embedding = copy.deepcopy(emb.patch_embedding)  # Linear (C*p*p -> D) on (p, p, C) patches
         n = int(emb.position_embedding_size)
         self.pe_grid = (n, n)
-        self.blocks = nn.ModuleList(
-            TowerBlock(copy.deepcopy(layer.layer_norm1),
-                       vispe_attention(a.num_heads, a.q_proj, a.k_proj, a.v_proj, a.out_proj),
-                       copy.deepcopy(layer.layer_norm2), copy.deepcopy(layer.mlp))
-            for layer in original.encoder.layers for a in [layer.self_attn])
-        for layer, blk in zip(original.encoder.layers, self.blocks):
-            blk.attn.attn_drop.p = float(layer.self_attn.dropout)
+        self.blocks = siglip_blocks(original.encoder.layers)
         self.post_layernorm = copy.deepcopy(original.post_layernorm)
         self.head = copy.deepcopy(original.head) if original.use_head else None
         self.train(original.training)
