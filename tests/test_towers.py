@@ -27,11 +27,11 @@ def test_parity_with_transformers(name, originals):
     for label, field, err, scale in rows:
         assert scale > 0.5, (label, field, scale)  # a real output, not a vanishing one
         assert err < 1e-4, (label, field, err)
-    if name in ("qwen2_vl", "qwen2_5_vl", "pixtral"):  # variable-size families: a packed batch of two shapes
+    if name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "pixtral"):  # variable-size families: a packed batch of two shapes
         assert any("packed" in r[0] for r in rows) and len({r[0] for r in rows}) == 3
 
 
-@pytest.mark.parametrize("name", ["qwen2_5_vl", "pixtral", "llama4"])
+@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl", "pixtral", "llama4"])
 def test_hidden_states_and_tuple_outputs_as_the_original(name, originals):
     m = originals[name]
     case = pt.TOWERS[name].cases(m, "tiny", torch.Generator().manual_seed(0))[-1]
@@ -140,7 +140,7 @@ def test_refusals(originals):
         t(x, torch.tensor([[1, 3, 8]]))
     with pytest.raises(ValueError, match="hidden_states has 24 patches: expected sum"):
         t(x, torch.tensor([[1, 4, 4]]))
-    with pytest.raises(ValueError, match="keep_abs_pos=True: a Qwen2-VL"):
+    with pytest.raises(ValueError, match="keep_abs_pos=True: this QwenVisionTower has no absolute table"):
         convert_vit(q, keep_abs_pos=True)
     bent = copy.deepcopy(q)
     bent.rotary_pos_emb.inv_freq.mul_(1.5)

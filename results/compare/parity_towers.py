@@ -91,6 +91,18 @@ def _qwen2_5_vl(size: str):
     return redraw(Qwen2_5_VisionTransformerPretrainedModel(Qwen2_5_VLVisionConfig(**kw)))
 
 
+def _qwen3_vl(size: str):
+    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLVisionConfig
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+
+    if size == "tiny":  # a 5 x 5 learned table resized to every frame; DeepStack after blocks 0 and 1
+        kw = dict(depth=3, hidden_size=32, out_hidden_size=48, num_heads=4, intermediate_size=64, patch_size=2,
+                  num_position_embeddings=25, deepstack_visual_indexes=[0, 1])
+    else:  # the config's defaults: Qwen3-VL's 27-block, 1152-wide tower, 48 x 48 table
+        kw = {}
+    return redraw(Qwen3VLVisionModel(Qwen3VLVisionConfig(**kw)))
+
+
 QWEN2_GRIDS = {
     "tiny": [("one image 6x6 patches", [[1, 6, 6]]), ("one image 4x10", [[1, 4, 10]]),
              ("packed: 8x4, 2x6, video 2 frames 4x4", [[1, 8, 4], [1, 2, 6], [2, 4, 4]])],
@@ -149,6 +161,8 @@ TOWERS = {
     "qwen2_5_vl": Entry("qwen2_5_vl", "transformers `Qwen2_5_VisionTransformerPretrainedModel`", _qwen2_5_vl,
                         _qwen_cases(QWEN25_GRIDS),
                         ("last_hidden_state", "pooler_output")),
+    "qwen3_vl": Entry("qwen3_vl", "transformers `Qwen3VLVisionModel`", _qwen3_vl, _qwen_cases(QWEN2_GRIDS),
+                      ("last_hidden_state", "pooler_output", "deepstack_features")),
     "pixtral": Entry("pixtral", "transformers `PixtralVisionModel`", _pixtral, _pixtral_cases),
     "llama4": Entry("llama4", "transformers `Llama4VisionModel`", _llama4, _llama4_cases),
     "llama4_b": Entry("llama4_b", "transformers `Llama4VisionModel`, a second config size",
@@ -159,7 +173,7 @@ TOWERS = {
 def errors(entry: Entry, size: str = "tiny", seed: int = 1, original=None):
     """``[(case label, field, max abs difference, max abs output)]`` of ``entry`` at ``size``."""
     original = entry.build(size) if original is None else original
-    model = convert_vit(copy.deepcopy(original)).eval()
+    model = convert_vit(original).eval()  # a tower converter leaves the original untouched (vispe.models.towers)
     out = []
     for case in entry.cases(original, size, torch.Generator().manual_seed(seed)):
         with torch.no_grad():
@@ -169,6 +183,10 @@ def errors(entry: Entry, size: str = "tiny", seed: int = 1, original=None):
                                  f"the original {type(want).__name__}")
         for f in entry.fields:
             a, b = getattr(got, f), getattr(want, f)
+            if isinstance(b, (list, tuple)):  # a list of tensors (Qwen3-VL's deepstack_features)
+                if len(a) != len(b):
+                    raise AssertionError(f"{entry.name}: {f} has {len(a)} tensors, the original's {len(b)}")
+                a, b = torch.cat([t.flatten() for t in a]), torch.cat([t.flatten() for t in b])
             out.append((case.label, f, (a - b).abs().max().item(), b.abs().max().item()))
     return out
 

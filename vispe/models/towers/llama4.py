@@ -79,24 +79,6 @@ class Llama4Tower(Tower):
     def native_pe(self) -> tuple[str, dict]:
         return "rope_axial", _llama4_rope_kwargs(self.theta)
 
-    def setup_pe(self, pe, pe_kwargs=None, *, pe_at="input", peg_blocks=(0,), keep_abs_pos=None) -> None:
-        """``pe=None``: its RoPE and table; a name replaces both (``learned_abs`` takes the table
-        over) unless ``keep_abs_pos=True`` keeps the table."""
-        if keep_abs_pos is not None and not isinstance(keep_abs_pos, bool):
-            raise ValueError(f"keep_abs_pos={keep_abs_pos!r}: expected True, False or None")
-        if pe is None and keep_abs_pos is False:
-            raise ValueError("keep_abs_pos=False with pe=None: the model's own encodings are its RoPE and its table; "
-                             "name an encoding to drop the table")
-        super().setup_pe(pe, pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks)
-        table = self.abs_pe
-        if pe == "learned_abs" and table is not None and not keep_abs_pos:  # the table moves into the named pe
-            with torch.no_grad():
-                self.pe.pos_embed.copy_(table._resampled(self.pe.table_grid()))
-                if self.pe.prefix_embed is not None:
-                    self.pe.prefix_embed.copy_(table.prefix_embed)
-        if pe is not None and not keep_abs_pos:
-            self.abs_pe = None
-
     def forward(self, pixel_values: torch.Tensor, attention_mask=None, output_attentions=None,
                 output_hidden_states=None, return_dict=None, **kwargs):
         """The original's call -> ``BaseModelOutputWithPooling`` (module docstring)."""
@@ -110,10 +92,7 @@ class Llama4Tower(Tower):
         shape = (H // self.patch_size, W // self.patch_size)
         x = self.patch_embedding(pixel_values)  # (B, h*w, C) raster order
         cls = self.class_embedding.to(x.dtype).expand(B, 1, -1)  # (B, 1, C)
-        if self.abs_pe is not None:
-            x = x + self.abs_pe(shape, device=x.device, dtype=x.dtype)
-            cls = cls + self.abs_pe.prefix(device=x.device, dtype=x.dtype)
-        x, pos = self.input_code(x, shape, None)
+        x, pos = self.input_code(x, shape, None)  # its table (abs_pe) or another additive pe
         pre = self.prefix_code(x.dtype, x.device)
         cls = cls if pre is None else cls + pre
         x = self.layernorm_pre(torch.cat([cls, x], dim=1))  # (B, 1 + h*w, C), class token first

@@ -136,11 +136,9 @@ def convert_pixtral(model, pe: str | None = None, *, pe_kwargs: dict | None = No
                     peg_blocks=(0,), keep_abs_pos: bool | None = None) -> PixtralTower:
     """A ``PixtralTower`` with the weights of a ``PixtralVisionModel`` (module docstring); ``pe=None``
     keeps its RoPE (``rope_axial``, ``freq_split="even_odd"``), another name replaces it."""
-    if keep_abs_pos is not None:
-        raise ValueError(f"keep_abs_pos={keep_abs_pos!r}: Pixtral has no absolute table")
     if float(model.config.attention_dropout):
         raise ValueError(f"attention_dropout={model.config.attention_dropout}: expected 0 (vispe copies no dropout)")
     _check_rotary(model)
     tower = PixtralTower(model)
-    tower.setup_pe(pe, pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks)
+    tower.setup_pe(pe, pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks, keep_abs_pos=keep_abs_pos)
     return tower

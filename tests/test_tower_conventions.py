@@ -1,8 +1,9 @@
-"""The vision towers' 2D RoPE conventions as rope_axial options, element by element against faithful
-copies of transformers 5.23's functions, on non-square grids (which axis goes where, position by
-position): Qwen2-VL / Qwen2.5-VL (defaults + base, in merge-block order), Pixtral
-(``freq_split="even_odd"``), Llama 4 (``axis_order="xy", layout="interleaved", offset=1``, class
-token last and unrotated); and the refusals of the new options."""
+"""The vision towers' 2D position conventions as options of vispe's encodings, element by element
+against faithful copies of transformers 5.23's functions, on non-square grids (which axis goes where,
+position by position): Qwen2-VL / Qwen2.5-VL RoPE (rope_axial defaults + base, in merge-block order),
+Pixtral (``freq_split="even_odd"``), Llama 4 (``axis_order="xy", layout="interleaved", offset=1``,
+class token last and unrotated), Qwen3-VL's learned table (learned_abs ``interpolation="bilinear",
+align_corners=True, antialias=False``); and the refusals of the new options."""
 from __future__ import annotations
 
 import pytest
@@ -173,3 +174,65 @@ def test_new_options_with_yarn_and_mixed():
     fy, fx = m0.freqs.detach().unbind(-1)  # (heads, d/2)
     torch.testing.assert_close(m1((2, 3)) - m0((2, 3)), (fy + fx)[None, :, None].expand(1, 2, 6, 4), rtol=1e-5,
                                atol=1e-5)
+
+
+def qwen3_vl_reference_table(table: torch.Tensor, h: int, w: int, merge: int) -> torch.Tensor:
+    """transformers 5.23 ``vision_utils.get_vision_interpolation_indices_and_weights`` (bilinear,
+    align_corners=True, one image, t = 1) and ``Qwen3VLVisionModel``'s weighted sum of ``pos_embed``
+    rows.  # (h*w, C) in merge-block order"""
+    side = int(table.shape[0] ** 0.5)
+    within = torch.arange(h * w)
+    heights, widths = torch.full_like(within, h), torch.full_like(within, w)
+    blocks_w = widths // merge
+    in_col = within % merge
+    in_row = (within // merge) % merge
+    block_col = (within // (merge * merge)) % blocks_w
+    block_row = within // (merge * merge * blocks_w)
+    row = block_row * merge + in_row
+    col = block_col * merge + in_col
+
+    def taps(index, size):  # _interpolation_axis_taps_weights, mode="bilinear", align_corners=True, "border"
+        index = index.to(torch.float32)
+        src = index * (side - 1) / torch.clamp(size - 1, min=1)
+        floor = torch.floor(src)
+        offsets = torch.arange(0, 2)
+        raw_taps = floor.long()[:, None] + offsets
+        t = raw_taps.clamp(0, side - 1)
+        distance = (src[:, None] - floor[:, None] - offsets).abs()
+        return t, (1 - distance).clamp(min=0)
+
+    h_taps, h_weights = taps(row, heights)
+    w_taps, w_weights = taps(col, widths)
+    n = h_taps.shape[1]
+    indices = (h_taps[:, :, None] * side + w_taps[:, None, :]).reshape(-1, n * n)
+    weights = (h_weights[:, :, None] * w_weights[:, None, :]).reshape(-1, n * n)
+    return (table[indices] * weights[:, :, None]).sum(1)
+
+
+@pytest.mark.parametrize("shape", [(4, 6), (8, 2), (2, 2)])  # shrinking, growing, mixed, one block
+def test_qwen3_vl_table_is_learned_abs_bilinear_align_corners(shape):
+    h, w = shape
+    pe = build("learned_abs", dim=8, grid=(5, 5), interpolation="bilinear", align_corners=True, antialias=False)
+    with torch.no_grad():
+        pe.pos_embed.normal_()
+    got = pe(shape)[0][merge_block_cells(h, w, 2)]  # (h*w, 8) raster -> merge-block order
+    torch.testing.assert_close(got, qwen3_vl_reference_table(pe.pos_embed[0].detach(), h, w, 2), rtol=0, atol=1e-6)
+    plain = build("learned_abs", dim=8, grid=(5, 5), interpolation="bilinear", antialias=False)
+    plain.load_state_dict(pe.state_dict())
+    assert not torch.allclose(plain(shape)[0][merge_block_cells(h, w, 2)], got, atol=1e-3)
+
+
+def test_qwen3_vl_table_per_image_in_a_padded_batch():
+    """mask_aware=True resizes the table to each image's own grid, as Qwen3-VL does per image."""
+    pe = build("learned_abs", dim=8, grid=(5, 5), interpolation="bilinear", align_corners=True, antialias=False,
+               mask_aware=True)
+    mask = torch.ones(2, 6, 8, dtype=torch.bool)
+    mask[0, :4, :6] = False
+    mask[1, :6, :2] = False
+    out = pe((6, 8), mask).view(2, 6, 8, -1)
+    for b, (h, w) in enumerate([(4, 6), (6, 2)]):
+        want = qwen3_vl_reference_table(pe.pos_embed[0].detach(), h, w, 2)
+        got = out[b, :h, :w].reshape(h * w, -1)[merge_block_cells(h, w, 2)]
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="align_corners='yes': expected True or False"):
+        build("learned_abs", dim=8, grid=(5, 5), align_corners="yes")
