@@ -154,3 +154,13 @@ def test_refusals(originals):
     bent.rotary_embedding.freqs_ci = bent.rotary_embedding.freqs_ci.conj()
     with pytest.raises(ValueError, match="rotary_embedding.freqs_ci is not Llama 4's"):
         convert_vit(bent)
+
+
+def test_qwen3_table_taken_over_by_a_named_learned_abs(originals):
+    m = originals["qwen3_vl"]
+    t = convert_vit(m, pe="learned_abs", pe_kwargs=dict(interpolation="bilinear", align_corners=True,
+                                                        antialias=False, mask_aware=True))
+    assert t.abs_pe is None and t.pe.grid == (5, 5) and t.blocks[0].attn.pe is None
+    torch.testing.assert_close(t.pe.pos_embed[0], m.pos_embed.weight)
+    with pytest.raises(ValueError, match="grid=None"):
+        convert_vit(originals["qwen2_vl"], pe="learned_abs")  # no native size: name the table's grid

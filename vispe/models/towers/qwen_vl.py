@@ -103,6 +103,7 @@ class QwenVisionTower(Tower):
             self.deepstack_visual_indexes = tuple(int(i) for i in cfg.deepstack_visual_indexes)
             self.deepstack_merger_list = copy.deepcopy(original.deepstack_merger_list)
             self.abs_pe = _qwen3_table(original)
+            self.pe_grid = self.abs_pe.grid  # a learned pe named in its place gets the table's grid
         if self.windowed:
             self.window_size, self.patch_size = int(cfg.window_size), int(cfg.patch_size)
             self.fullatt_block_indexes = tuple(int(i) for i in cfg.fullatt_block_indexes)
