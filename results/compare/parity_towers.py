@@ -2,8 +2,8 @@
 reference library, every parameter redrawn: the largest absolute difference of each output field
 on each input, and the largest output for scale. One entry per tower in ``TOWERS``.
 
-    .venv/bin/python results/compare/parity_towers.py > results/compare/parity_towers.md
-    .venv/bin/python results/compare/parity_towers.py --tiny --only pixtral   # the tests' small configs
+    flock /work/heavy.lock .venv/bin/python results/compare/parity_towers.py > results/compare/parity_towers.md
+    .venv/bin/python results/compare/parity_towers.py --sizes tiny --only pixtral   # the tests' small configs
 
 No download: each model is built from a config with random weights, at the released model's size
 (``full``) or a tiny one (``tiny``, what ``tests/test_towers.py`` runs). Adding a tower is one
@@ -203,27 +203,32 @@ def main(argv=None) -> int:
     import transformers
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tiny", action="store_true", help="the tests' small configs instead of the released sizes")
+    ap.add_argument("--sizes", nargs="+", choices=SIZES, default=["full", "tiny"],
+                    help="full: the released models' sizes (minutes: run it under flock /work/heavy.lock); "
+                         "tiny: the tests' configs (seconds)")
     ap.add_argument("--only", nargs="*", choices=sorted(TOWERS), help="these entries only")
     args = ap.parse_args(argv)
-    size = "tiny" if args.tiny else "full"
-    torch.manual_seed(0)
-    rows = []
-    for name in args.only or TOWERS:
-        entry = TOWERS[name]
-        for label, f, err, scale in errors(entry, size):
-            rows.append(f"| {entry.title} | {label} | `{f}` | {err:.1e} | {scale:.2f} |")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip()
-    cmd = "python results/compare/parity_towers.py" + (" --tiny" if args.tiny else "") + \
+    cmd = "python results/compare/parity_towers.py" + \
+        (f" --sizes {' '.join(args.sizes)}" if args.sizes != ap.get_default("sizes") else "") + \
         (f" --only {' '.join(args.only)}" if args.only else "")
     print("# Parity of the converted vision towers (random weights)\n")
     print(f"`{cmd}` at commit {commit}; {machine()} (other jobs shared it), torch {torch.__version__}, "
           f"transformers {transformers.__version__}, float32 on CPU. Every parameter redrawn (norm weights in "
-          f"[0.5, 1.5], matrices N(0, 1/fan_in), the rest N(0, 0.04)); {size} configs"
-          + (" (the released models' sizes)" if size == "full" else " (those of tests/test_towers.py)") + ".\n")
-    print("| reference | input | field | max abs difference | max abs output |\n|---|---|---|---|---|")
-    print("\n".join(rows))
+          "[0.5, 1.5], matrices N(0, 1/fan_in), the rest N(0, 0.04)). Each row: the converted model "
+          "(`convert_vit(original)`) called with the original's arguments, against the original.")
+    for size in args.sizes:
+        torch.manual_seed(0)
+        rows = []
+        for name in args.only or TOWERS:
+            entry = TOWERS[name]
+            for label, f, err, scale in errors(entry, size):
+                rows.append(f"| {entry.title} | {label} | `{f}` | {err:.1e} | {scale:.2f} |")
+        print("\n## " + ("The released models' sizes (default configs, Qwen2.5-VL's at 7B's vision width)"
+                         if size == "full" else "The tests' tiny configs (tests/test_towers.py)") + "\n")
+        print("| reference | input | field | max abs difference | max abs output |\n|---|---|---|---|---|")
+        print("\n".join(rows), flush=True)
     return 0
 
 
