@@ -144,9 +144,14 @@ def test_named_encodings_and_the_absolute_table():
     torch.testing.assert_close(m.pe.pos_embed.detach(), t.pos_embed.detach().reshape(1, -1, 32))
     m = convert_vit(t, pe="rope_axial", keep_abs_pos=True)
     torch.testing.assert_close(m.abs_pe.pos_embed.detach(), t.pos_embed.detach().reshape(1, -1, 32))
+    x = torch.randn(1, 3, 24, 40)
+    with torch.no_grad():  # an additive pe next to the kept table: each added once
+        both = convert_vit(t, pe="sincos2d", keep_abs_pos=True)._embed(x, None, "x")[0]
+        table = convert_vit(t, pe="none", keep_abs_pos=True)._embed(x, None, "x")[0]
+        code = convert_vit(t, pe="sincos2d").pe((6, 10))  # (1, 60, 32)
+        torch.testing.assert_close(both - table, code.view(1, 6, 10, 32), rtol=1e-5, atol=1e-5)
     no_rel = convert_vit(timm_sam(use_rel_pos=False))
     assert no_rel.pe_name == "none"
-    x = torch.randn(1, 3, 24, 40)
     with torch.no_grad():
         torch.testing.assert_close(no_rel.forward_features(x), timm_sam(use_rel_pos=False).forward_features(x))
 

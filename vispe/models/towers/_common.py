@@ -13,7 +13,11 @@ token, its canvas cell (``cells``), so tokens and their positions move together 
 Where the encodings go (``Tower.setup_pe``, one rule per family as in ``VispeViT``): rotary and
 bias encodings one per layer (``blocks[i].attn.pe``); an additive one ``model.pe``, added to the
 patch tokens right after the patch embedding (``pe_at="input"``) or to q and k in every layer
-(``"every_block"``); a conditional one (PEG) ``model.pe`` after the blocks ``peg_blocks``.
+(``"every_block"``); a conditional one (PEG) ``model.pe`` after the blocks ``peg_blocks``. A tower
+whose original adds a learned table next to its RoPE (Llama 4, Qwen3-VL) holds it as ``abs_pe`` (a
+``learned_abs``), added to the patch tokens (and its prefix vector to the class token) before
+``pe``: kept with ``pe=None``; a named ``pe`` replaces it too (``learned_abs`` takes it over) unless
+``keep_abs_pos=True``, as ``vispe.models.eva`` does for EVA-02.
 """
 from __future__ import annotations
 
@@ -98,12 +102,34 @@ class Tower(nn.Module):
     #: the (h, w) grid given to encodings with learned tables (None: the tower has no native size)
     pe_grid: tuple[int, int] | None = None
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.abs_pe = None  # the original's learned absolute table next to its RoPE (a learned_abs), or None
+
     def native_pe(self) -> tuple[str, dict]:
         raise NotImplementedError
 
     def setup_pe(self, pe: str | None, pe_kwargs: dict | None = None, *, pe_at: str = "input",
-                 peg_blocks=(0,)) -> None:
+                 peg_blocks=(0,), keep_abs_pos: bool | None = None) -> None:
         """Put encoding ``pe`` (None: the original's own, ``native_pe()``) in the tower (module docstring)."""
+        if keep_abs_pos is not None and self.abs_pe is None:
+            raise ValueError(f"keep_abs_pos={keep_abs_pos!r}: this {type(self).__name__} has no absolute table")
+        if keep_abs_pos is not None and not isinstance(keep_abs_pos, bool):
+            raise ValueError(f"keep_abs_pos={keep_abs_pos!r}: expected True, False or None")
+        if pe is None and keep_abs_pos is False:
+            raise ValueError("keep_abs_pos=False with pe=None: the model's own encodings are its RoPE and its table; "
+                             "name an encoding to drop the table")
+        self._setup_pe(pe, pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks)
+        table = self.abs_pe
+        if pe is not None and table is not None and not keep_abs_pos:
+            if pe == "learned_abs":  # the table moves into the named encoding, resampled to its grid
+                with torch.no_grad():
+                    self.pe.pos_embed.copy_(table._resampled(self.pe.table_grid()))
+                    if self.pe.prefix_embed is not None and table.prefix_embed is not None:
+                        self.pe.prefix_embed.copy_(table.prefix_embed)
+            self.abs_pe = None
+
+    def _setup_pe(self, pe: str | None, pe_kwargs: dict | None, *, pe_at: str, peg_blocks) -> None:
         pe_kwargs = dict(pe_kwargs or {})
         if pe is None:
             pe, native = self.native_pe()
@@ -141,6 +167,8 @@ class Tower(nn.Module):
     def input_code(self, x: torch.Tensor, shape, mask) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Grid tokens ``x`` (S, h*w, C) with an additive ``pe`` added (``pe_at="input"``), and the
         per-layer code ``pos`` (S|1, P + h*w, C) of ``pe_at="every_block"`` (else None)."""
+        if self.abs_pe is not None:
+            x = x + self.abs_pe(shape, mask, device=x.device, dtype=x.dtype)  # (S, h*w, C)
         if self.pe_family != "additive":
             return x, None
         code = self.pe(shape, mask, device=x.device, dtype=x.dtype)  # (S|1, h*w, C)
@@ -152,14 +180,17 @@ class Tower(nn.Module):
         return x, torch.cat([pre.expand(code.shape[0], -1, -1), code], dim=1)  # (S|1, P+h*w, C)
 
     def prefix_code(self, dtype, device) -> torch.Tensor | None:
-        """An additive input ``pe``'s learned prefix vectors (1, P, C), or None."""
-        if self.pe_family != "additive" or self.pe_at != "input":
-            return None
-        return self.pe.prefix(device=device, dtype=dtype)
+        """The learned prefix vectors (1, P, C) of ``abs_pe`` and an additive input ``pe``, or None."""
+        codes = [e.prefix(device=device, dtype=dtype) for e in (self.abs_pe, self.pe)
+                 if e is not None and getattr(e, "family", "") == "additive" and (e is self.abs_pe or self.pe_at == "input")]
+        codes = [c for c in codes if c is not None]
+        return sum(codes[1:], codes[0]) if codes else None
 
-    def run_blocks(self, x: torch.Tensor, ctx: PosContext, attn_masks: dict | None = None, on_state=None):
+    def run_blocks(self, x: torch.Tensor, ctx: PosContext, attn_masks: dict | None = None, on_state=None,
+                   on_block=None):
         """The blocks over the canvas ``x`` (S, P + h*w, C); ``attn_masks`` {block index: SDPA mask}
-        (window attention); ``on_state(x)`` is called with the input and every block's output."""
+        (window attention); ``on_state(x)`` is called with the input and every block's output,
+        ``on_block(i, x)`` with block i's output."""
         attn_masks = attn_masks or {}
         if on_state is not None:
             on_state(x)
@@ -169,6 +200,8 @@ class Tower(nn.Module):
                 x = self._apply_peg(x, ctx)
             if on_state is not None:
                 on_state(x)
+            if on_block is not None:
+                on_block(i, x)
         return x
 
     def _apply_peg(self, x: torch.Tensor, ctx: PosContext) -> torch.Tensor:
@@ -199,9 +232,12 @@ def output_flags(config, kwargs: dict, name: str) -> tuple[bool, bool]:
     return hidden, bool(return_dict)
 
 
-def model_output(cls_name: str, return_dict: bool, **fields):
-    """transformers' ``cls_name`` output (``modeling_outputs``) with ``fields``, or its tuple."""
-    from transformers import modeling_outputs
+def model_output(cls, return_dict: bool, **fields):
+    """transformers' output ``cls`` (a class, or a name in ``transformers.modeling_outputs``) with
+    ``fields``, or its tuple."""
+    if isinstance(cls, str):
+        from transformers import modeling_outputs
 
-    out = getattr(modeling_outputs, cls_name)(**fields)
+        cls = getattr(modeling_outputs, cls)
+    out = cls(**fields)
     return out if return_dict else out.to_tuple()

@@ -1,5 +1,5 @@
-"""Qwen2-VL and Qwen2.5-VL vision towers (transformers' ``Qwen2VisionTransformerPretrainedModel``,
-``Qwen2_5_VisionTransformerPretrainedModel``) converted to vispe: ``convert_vit(model)``.
+"""Qwen2-VL, Qwen2.5-VL and Qwen3-VL vision towers (transformers' ``Qwen2VisionTransformerPretrainedModel``,
+``Qwen2_5_VisionTransformerPretrainedModel``, ``Qwen3VLVisionModel``) converted to vispe: ``convert_vit(model)``.
 
 Their position convention (``VisionRotaryEmbedding`` and the position ids of ``grid_thw``): axial
 RoPE, theta 10000 (``rope_parameters["rope_theta"]``), head_dim/4 frequencies ``theta^(-4j/head_dim)``
@@ -16,6 +16,15 @@ merge blocks a side, tiled from each frame's top-left; tokens and rotary rows pe
 runs window attention except in ``fullatt_block_indexes``, and returns ``last_hidden_state`` in
 that window order (``pooler_output``, the merged tokens, back in merge order).
 
+Qwen3-VL keeps Qwen2-VL's RoPE and token order (no windows) and adds a learned square table
+(``pos_embed``, ``num_position_embeddings`` = n x n) resized to each image's (h, w) bilinearly with
+``align_corners=True`` (``get_vision_interpolation_indices_and_weights``: source index
+``i * (n - 1) / (h - 1)``, the ``linspace`` of earlier releases), no antialias, read in merge-block
+order and added after the patch embedding: vispe's ``learned_abs(interpolation="bilinear",
+align_corners=True, antialias=False, mask_aware=True)`` as the tower's ``abs_pe`` (``mask_aware``:
+resized to each frame's own grid on the canvas, as the original does per image). Its DeepStack
+mergers (``deepstack_visual_indexes``) give ``deepstack_features`` as the original.
+
 The converted tower (``QwenVisionTower``) keeps the original's modules (patch embedding, norms,
 MLPs, merger: copied) with vispe's ``Attention`` (the same ``qkv`` / ``proj`` weights), and puts each
 frame on a canvas (``vispe.models.towers._common``): raster order, padding mask where a smaller
@@ -30,6 +39,7 @@ by the merge size, precomputed ``cu_seqlens`` / ``position_ids`` / window indice
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 from torch import nn
@@ -79,7 +89,9 @@ class QwenVisionTower(Tower):
         super().__init__()
         cfg = original.config
         self.config = copy.deepcopy(cfg)
-        self.windowed = type(original).__name__ == "Qwen2_5_VisionTransformerPretrainedModel"
+        kind = type(original).__name__
+        self.windowed = kind == "Qwen2_5_VisionTransformerPretrainedModel"
+        self.deepstack = kind == "Qwen3VLVisionModel"
         self.spatial_merge_size = int(cfg.spatial_merge_size)
         self.patch_embed = copy.deepcopy(original.patch_embed)
         self.blocks = nn.ModuleList(
@@ -87,6 +99,11 @@ class QwenVisionTower(Tower):
                        copy.deepcopy(b.norm2), copy.deepcopy(b.mlp)) for b in original.blocks)
         self.merger = copy.deepcopy(original.merger)
         self.theta = float(cfg.rope_parameters["rope_theta"])
+        if self.deepstack:
+            self.deepstack_visual_indexes = tuple(int(i) for i in cfg.deepstack_visual_indexes)
+            self.deepstack_merger_list = copy.deepcopy(original.deepstack_merger_list)
+            self.abs_pe = _qwen3_table(original)
+            self.pe_grid = self.abs_pe.grid  # a learned pe named in its place gets the table's grid
         if self.windowed:
             self.window_size, self.patch_size = int(cfg.window_size), int(cfg.patch_size)
             self.fullatt_block_indexes = tuple(int(i) for i in cfg.fullatt_block_indexes)
@@ -144,14 +161,45 @@ class QwenVisionTower(Tower):
         if self.windowed:
             wm = window_mask(shape, self.window_blocks * self.spatial_merge_size, mask, x.device)
             masks = {i: wm for i in range(len(self.blocks)) if i not in self.fullatt_block_indexes}
-        states = []
-        canvas = self.run_blocks(canvas, ctx, masks, (lambda s: states.append(from_canvas(s, order))) if hidden else None)
+        states, deep = [], []
+        canvas = self.run_blocks(canvas, ctx, masks, (lambda s: states.append(from_canvas(s, order))) if hidden else None,
+                                 on_block=self._deepstack(cells, deep) if self.deepstack else None)
         last = from_canvas(canvas, order)  # (T, C), the original's output order
         pooled = self.merger(from_canvas(canvas, cells) if self.windowed else last)  # (T / m^2, out)
         if hidden:
             states[-1] = last
-        return model_output("BaseModelOutputWithPooling", return_dict, last_hidden_state=last, pooler_output=pooled,
-                            hidden_states=tuple(states) if hidden else None)
+        fields = dict(last_hidden_state=last, pooler_output=pooled, hidden_states=tuple(states) if hidden else None)
+        if not self.deepstack:
+            return model_output("BaseModelOutputWithPooling", return_dict, **fields)
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
+
+        return model_output(BaseModelOutputWithDeepstackFeatures, return_dict, deepstack_features=deep, **fields)
+
+    def _deepstack(self, cells: torch.Tensor, out: list):
+        """``on_block(i, x)``: Qwen3-VL's DeepStack merger of block i's output (packed merge order)."""
+        def on_block(i: int, x: torch.Tensor) -> None:
+            if i in self.deepstack_visual_indexes:
+                merger = self.deepstack_merger_list[self.deepstack_visual_indexes.index(i)]
+                out.append(merger(from_canvas(x, cells)))
+        return on_block
+
+
+def _qwen3_table(model):
+    """Qwen3-VL's learned n x n table as ``learned_abs`` with its resize (module docstring)."""
+    from vispe.image.learned_abs import LearnedAbsEncoding
+
+    weight = model.pos_embed.weight.detach()  # (n*n, C)
+    n = math.isqrt(weight.shape[0])
+    if n * n != weight.shape[0]:
+        raise ValueError(f"pos_embed has {weight.shape[0]} rows: expected a square number (n x n table)")
+    mode = getattr(model, "interpolation_mode", "bilinear")
+    if mode not in ("bilinear", "bicubic"):
+        raise ValueError(f"interpolation_mode={mode!r}: expected 'bilinear' or 'bicubic' (learned_abs's resizes)")
+    table = LearnedAbsEncoding(weight.shape[1], grid=(n, n), interpolation=mode, antialias=False, mask_aware=True,
+                               align_corners=bool(getattr(model, "interpolation_align_corners", True)))
+    with torch.no_grad():
+        table.pos_embed.copy_(weight[None])
+    return table.to(device=weight.device, dtype=weight.dtype)
 
 
 def _check_rotary(model) -> None:
@@ -173,16 +221,15 @@ def _check_rotary(model) -> None:
 
 @register_tower("transformers", "Qwen2VisionTransformerPretrainedModel")
 @register_tower("transformers", "Qwen2_5_VisionTransformerPretrainedModel")
+@register_tower("transformers", "Qwen3VLVisionModel")
 def convert_qwen_vl(model, pe: str | None = None, *, pe_kwargs: dict | None = None, pe_at: str = "input",
                     peg_blocks=(0,), keep_abs_pos: bool | None = None) -> QwenVisionTower:
     """A ``QwenVisionTower`` with the weights of a Qwen2-VL / Qwen2.5-VL vision tower (module docstring);
     ``pe=None`` keeps its RoPE (``rope_axial``, base theta), another name replaces it."""
-    if keep_abs_pos is not None:
-        raise ValueError(f"keep_abs_pos={keep_abs_pos!r}: a Qwen2-VL / Qwen2.5-VL tower has no absolute table")
     for blk in model.blocks:
         if getattr(blk.attn, "attention_dropout", 0.0):
             raise ValueError(f"attention_dropout={blk.attn.attention_dropout}: expected 0 (vispe copies no dropout)")
     _check_rotary(model)
     tower = QwenVisionTower(model)
-    tower.setup_pe(pe, pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks)
+    tower.setup_pe(pe, pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks, keep_abs_pos=keep_abs_pos)
     return tower

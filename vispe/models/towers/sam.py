@@ -125,20 +125,18 @@ class SamTower(Tower):
         self.norm_pre = norm_pre or nn.Identity()
         self.pos_drop = pos_drop or nn.Identity()
         self.pe_grid = tuple(grid)
-        self.abs_pe = None
         self.in_chans = patch_embed.in_channels
         self.patch_size = tuple(patch_embed.kernel_size)
 
     def native_pe(self) -> tuple[str, dict]:
         return (self._native, {})
 
-    def setup_pe(self, pe: str | None, pe_kwargs: dict | None = None, *, pe_at: str = "input",
-                 peg_blocks=(0,)) -> None:
-        """``Tower.setup_pe``, then windowed blocks get rotary / bias encodings built for their window."""
+    def _setup_pe(self, pe: str | None, pe_kwargs: dict | None, *, pe_at: str, peg_blocks) -> None:
+        """``Tower._setup_pe``, then windowed blocks get rotary / bias encodings built for their window."""
         if pe_at != "input":
             raise ValueError(f"pe_at={pe_at!r}: SAM's windowed blocks take additive encodings at the input only "
                              "(expected pe_at='input')")
-        super().setup_pe(pe, pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks)
+        super()._setup_pe(pe, pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks)
         if self.pe_family in ("rotary", "bias"):
             attn = self.blocks[0].attn
             ref = next(self.parameters())
@@ -156,11 +154,8 @@ class SamTower(Tower):
         x = self.patch_embed(x).permute(0, 2, 3, 1)  # (B, h, w, C)
         B, h, w, C = x.shape
         grid_mask = None if mask is None else patch_mask(mask, self.patch_size)  # (B, h, w)
-        if self.abs_pe is not None:
-            x = x + self.abs_pe((h, w), device=x.device, dtype=x.dtype).view(1, h, w, C)
-        if self.pe_family == "additive":
-            tokens, _ = self.input_code(x.reshape(B, h * w, C), (h, w), grid_mask)  # (B, h*w, C)
-            x = tokens.view(B, h, w, C)
+        tokens, _ = self.input_code(x.reshape(B, h * w, C), (h, w), grid_mask)  # abs_pe, then an additive pe
+        x = tokens.view(B, h, w, C)  # (B, h, w, C)
         return self.norm_pre(self.pos_drop(x)), grid_mask
 
     def _block(self, i: int, x: torch.Tensor, grid_mask: torch.Tensor | None) -> torch.Tensor:
@@ -256,32 +251,25 @@ class SamViTTower(SamTower):
 # --- converters ------------------------------------------------------------------------------------
 def _finish(tower: SamTower, pe, pe_kwargs, pe_at, peg_blocks, keep_abs_pos, *, rel_tables, pos_embed):
     """Encodings in place (module docstring): ``rel_tables`` [(rel_pos_h, rel_pos_w) or None per block],
-    ``pos_embed`` (1, gh, gw, C) or None."""
-    if keep_abs_pos is not None and not isinstance(keep_abs_pos, bool):
-        raise ValueError(f"keep_abs_pos={keep_abs_pos!r}: expected True, False or None")
+    ``pos_embed`` (1, gh, gw, C) or None: the table is the tower's ``abs_pe``, kept, replaced or taken over
+    by ``Tower.setup_pe``'s rule."""
+    if keep_abs_pos is True and pe == "learned_abs":
+        raise ValueError("keep_abs_pos=True with pe='learned_abs': the absolute table would be added twice")
+    if pos_embed is not None:
+        gh, gw, C = pos_embed.shape[1:]
+        tower.abs_pe = LearnedAbsEncoding(C, grid=(gh, gw), interpolation="bicubic", antialias="always")
+        tower.abs_pe.load_state_dict({"pos_embed": pos_embed.detach().reshape(1, gh * gw, C),
+                                      "table_grid": torch.tensor((gh, gw))})
+        tower.abs_pe.to(device=pos_embed.device, dtype=pos_embed.dtype)
     native = pe is None
     tower._native = "relpos_decomposed" if rel_tables[0] is not None else "none"
-    tower.setup_pe(pe, pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks)
+    tower.setup_pe(pe, pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks, keep_abs_pos=keep_abs_pos)
     if native and rel_tables[0] is not None:
         for blk, (rh, rw) in zip(tower.blocks, rel_tables):
             n = blk.window_size or None
             grid = (n, n) if n else tower.pe_grid
             blk.attn.pe.load_state_dict({"rel_pos_h": rh.detach(), "rel_pos_w": rw.detach(),
                                          "table_grid": torch.tensor(grid)})
-    keep = native if keep_abs_pos is None else keep_abs_pos
-    if keep and pos_embed is None:
-        raise ValueError("keep_abs_pos=True: this SAM encoder has no absolute table (use_abs_pos=False)")
-    if keep and tower.pe_name == "learned_abs":
-        raise ValueError("keep_abs_pos=True with pe='learned_abs': the absolute table would be added twice")
-    if pos_embed is not None and (keep or tower.pe_name == "learned_abs"):
-        gh, gw, C = pos_embed.shape[1:]
-        sd = {"pos_embed": pos_embed.detach().reshape(1, gh * gw, C), "table_grid": torch.tensor((gh, gw))}
-        if tower.pe_name == "learned_abs" and not keep:
-            tower.pe.load_state_dict(sd)  # the named learned_abs takes the table over (resampled to its grid)
-        else:
-            tower.abs_pe = LearnedAbsEncoding(C, grid=(gh, gw), interpolation="bicubic", antialias="always")
-            tower.abs_pe.load_state_dict(sd)
-            tower.abs_pe.to(device=pos_embed.device, dtype=pos_embed.dtype)
     return tower
 
 
