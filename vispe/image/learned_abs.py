@@ -15,6 +15,10 @@ timm's ``resample_abs_pos_embed`` and so its ``dynamic_img_size`` ViTs do (use i
 timm ViT at a larger size); False never. The same size returns the table itself (exact identity). ``overflow="error"``
 refuses a grid larger than ``grid`` along an axis with a ValueError. At run time the resampled table is
 recomputed every call (it learns); ``resize_((h, w))`` rewrites the parameter at load time.
+``align_corners`` (False by default, DeiT/timm's) is ``F.interpolate``'s: True maps the corner cells of
+both grids onto each other (source index ``i * (n_old - 1) / (n_new - 1)``, the ``linspace(0, n_old - 1,
+n_new)`` of Qwen3-VL's vision tower, whose 48 x 48 table is resized this way, bilinear, without
+antialias: ``interpolation="bilinear", align_corners=True, antialias=False``).
 A state_dict saved at another grid is resampled the same way on load (its grid is recorded,
 ``vispe.encoding``; timm's checkpoints have no record: the grid is this one when the token count
 matches, else a square, as timm assumes).
@@ -44,7 +48,8 @@ INTERPOLATIONS = ("bicubic", "bilinear")
 
 
 def resample_grid_table(table: torch.Tensor, old: tuple[int, int], new: tuple[int, int], *,
-                        interpolation: str = "bicubic", antialias: bool = True) -> torch.Tensor:
+                        interpolation: str = "bicubic", antialias: bool = True,
+                        align_corners: bool = False) -> torch.Tensor:
     """Resample a (1, oh*ow, C) table to (1, nh*nw, C) by target size; same size is the identity.
 
     ``antialias``: True = only when an axis shrinks, "always" = timm's rule, False = never.
@@ -56,7 +61,7 @@ def resample_grid_table(table: torch.Tensor, old: tuple[int, int], new: tuple[in
     rule = "shrink" if antialias is True else antialias == "always"
     with float32_math(table.device):
         grid = table.float().reshape(1, old[0], old[1], C).permute(0, 3, 1, 2)  # (1, C, oh, ow)
-        out = _tracing.resize(grid, new, mode=interpolation, antialias=rule, align_corners=False)  # (1, C, nh, nw)
+        out = _tracing.resize(grid, new, mode=interpolation, antialias=rule, align_corners=align_corners)  # (1, C, nh, nw)
         return out.permute(0, 2, 3, 1).reshape(1, -1, C).to(table.dtype)  # (1, nh*nw, C)
 
 
@@ -74,6 +79,7 @@ class LearnedAbsEncoding(AdditiveBase):
             (timm's ``resample_abs_pos_embed``); False: never.
         overflow: "interpolate" (default) or "error" for a grid larger than ``grid``.
         mask_aware: with a padding mask, resample per image to its valid extent (module docstring).
+        align_corners: ``F.interpolate``'s corner convention (module docstring; True: Qwen3-VL).
     """
 
     learned_prefix = True  # in a ViT, class/register tokens get learned vectors (timm's pos_embed)
@@ -81,7 +87,7 @@ class LearnedAbsEncoding(AdditiveBase):
 
     def __init__(self, dim: int, *, grid, num_prefix_tokens: int = 0,
                  init_std: float = 0.02, interpolation: str = "bicubic", antialias: bool = True,
-                 overflow: str = "interpolate", mask_aware: bool = False) -> None:
+                 overflow: str = "interpolate", mask_aware: bool = False, align_corners: bool = False) -> None:
         super().__init__(dim, num_prefix_tokens)
         self.grid = _checks.grid_shape("grid", grid)
         _checks.positive_float("init_std", init_std)
@@ -93,6 +99,9 @@ class LearnedAbsEncoding(AdditiveBase):
         if not isinstance(mask_aware, bool):
             raise ValueError(f"mask_aware={mask_aware!r}: expected True or False")
         self.mask_aware = mask_aware
+        if not isinstance(align_corners, bool):
+            raise ValueError(f"align_corners={align_corners!r}: expected True or False")
+        self.align_corners = align_corners
         h, w = self.grid
         self.pos_embed = nn.Parameter(torch.zeros(1, h * w, dim))  # (1, h*w, dim)
         nn.init.trunc_normal_(self.pos_embed, std=init_std)
@@ -122,14 +131,14 @@ class LearnedAbsEncoding(AdditiveBase):
                            f"shape={shape}: larger than the learned table's grid {self.grid} and "
                            "overflow='error'; use overflow='interpolate' or resize_() the table")
         return resample_grid_table(self.pos_embed, self.grid, shape, interpolation=self.interpolation,
-                                   antialias=self.antialias)  # (1, h*w, dim)
+                                   antialias=self.antialias, align_corners=self.align_corners)  # (1, h*w, dim)
 
     def resize_(self, shape) -> "LearnedAbsEncoding":
         """Replace the stored table by its resampling at ``shape`` = (h, w) (load time)."""
         shape = _checks.grid_shape("shape", shape)
         with torch.no_grad():
-            table = resample_grid_table(self.pos_embed.data, self.grid, shape,
-                                        interpolation=self.interpolation, antialias=self.antialias)
+            table = resample_grid_table(self.pos_embed.data, self.grid, shape, interpolation=self.interpolation,
+                                        antialias=self.antialias, align_corners=self.align_corners)
         if shape != self.grid:
             self.pos_embed = nn.Parameter(table.clone())
         self.grid = shape
@@ -165,9 +174,10 @@ class LearnedAbsEncoding(AdditiveBase):
             raise ValueError(f"{prefix}pos_embed was saved for grid {saved}, smaller than this encoding's grid "
                              f"{self.grid} and overflow='error': build it with grid={saved}, or use overflow='interpolate'")
         state_dict[prefix + "pos_embed"] = resample_grid_table(table, saved, self.grid, interpolation=self.interpolation,
-                                                               antialias=self.antialias)
+                                                               antialias=self.antialias,
+                                                               align_corners=self.align_corners)
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, grid={self.grid}, num_prefix_tokens={self.num_prefix_tokens}, "
                 f"interpolation={self.interpolation!r}, antialias={self.antialias}, overflow={self.overflow!r}, "
-                f"mask_aware={self.mask_aware}")
+                f"mask_aware={self.mask_aware}" + (", align_corners=True" if self.align_corners else ""))
