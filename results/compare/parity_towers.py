@@ -143,8 +143,8 @@ def _llama4(size: str, image_size: int | None = None):
     if size == "tiny":
         kw = dict(hidden_size=32, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, patch_size=8,
                   image_size=image_size or 32, projector_input_dim=64, projector_output_dim=64, vision_output_dim=32)
-    else:
-        kw = dict(image_size=image_size or 448)
+    else:  # Llama 4 Scout's vision encoder (the config class's defaults do not run: 768 * 4 != 5632)
+        kw = dict(hidden_size=1408, intermediate_size=5632, vision_output_dim=4096, image_size=image_size or 336)
     return redraw(Llama4VisionModel(Llama4VisionConfig(**kw)))
 
 
@@ -266,8 +266,8 @@ TOWERS = {
     "pixtral": Entry("pixtral", "transformers `PixtralVisionModel`", _pixtral, _pixtral_cases),
     "llama4": Entry("llama4", "transformers `Llama4VisionModel`", _llama4, _llama4_cases),
     "llama4_b": Entry("llama4_b", "transformers `Llama4VisionModel`, a second config size",
-                      lambda size: _llama4(size, 48 if size == "tiny" else 336), _llama4_cases),
-    # SAM, SigLIP2, Idefics3 (branch i37b): the position tables of SAM are redrawn too (see redraw)
+                      lambda size: _llama4(size, 48 if size == "tiny" else 448), _llama4_cases),
+    # SAM, SigLIP2, Idefics3 (branch i37b): the position tables of SAM are redrawn too (_redraw_sam_tables)
     "hf_sam": Entry("hf_sam", "transformers `SamVisionEncoder`", _hf_sam, _hf_sam_cases),
     "hf_sam_b": Entry("hf_sam_b", "transformers `SamVisionEncoder`, a second config size",
                       lambda size: _hf_sam(size, 24 if size == "tiny" else 512), _hf_sam_cases),
@@ -329,15 +329,13 @@ def main(argv=None) -> int:
           "(`convert_vit(original)`) called with the original's arguments, against the original.")
     for size in args.sizes:
         torch.manual_seed(0)
-        rows = []
+        print("\n## " + ("The released models' sizes (default configs; Qwen2.5-VL at 7B's vision width, Llama 4 "
+                         "Scout's encoder)" if size == "full" else "The tests' tiny configs (tests/test_towers.py)") + "\n")
+        print("| reference | input | field | max abs difference | max abs output |\n|---|---|---|---|---|")
         for name in args.only or TOWERS:
             entry = TOWERS[name]
             for label, f, err, scale in errors(entry, size):
-                rows.append(f"| {entry.title} | {label} | `{f}` | {err:.1e} | {scale:.2f} |")
-        print("\n## " + ("The released models' sizes (default configs, Qwen2.5-VL's at 7B's vision width)"
-                         if size == "full" else "The tests' tiny configs (tests/test_towers.py)") + "\n")
-        print("| reference | input | field | max abs difference | max abs output |\n|---|---|---|---|---|")
-        print("\n".join(rows), flush=True)
+                print(f"| {entry.title} | {label} | `{f}` | {err:.1e} | {scale:.2f} |", flush=True)
     return 0
 
 
