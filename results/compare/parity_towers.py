@@ -154,6 +154,106 @@ def _llama4_cases(model, size: str, g: torch.Generator) -> list:
                  (torch.randn(2, 3, n, n, generator=g),))]
 
 
+
+def _redraw_sam_tables(model: torch.nn.Module, seed: int = 2) -> torch.nn.Module:
+    """SAM's position tables (``pos_embed`` (1, gh, gw, C), ``rel_pos_h`` / ``rel_pos_w``) redrawn N(0, 0.2^2):
+    ``redraw`` would give them N(0, 1/fan_in), about 6e-4 for the absolute table, too small to show."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "pos_embed" in name or "rel_pos" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    return model
+
+
+# --- SAM: transformers' SamVisionEncoder (its configured square size only) and timm's VisionTransformerSAM
+def _hf_sam(size: str, image_size: int | None = None):
+    from transformers import SamVisionConfig
+    from transformers.models.sam.modeling_sam import SamVisionEncoder
+
+    if size == "tiny":  # the tests' config: 4x4 px patches, windows of 3 (8 -> padded to 9), global blocks 1, 3
+        kw = dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=2, mlp_dim=48, image_size=image_size or 32,
+                  patch_size=4, window_size=3, global_attn_indexes=[1, 3], output_channels=16)
+    else:  # SAM ViT-B: 1024 px, windows of 14, global blocks 2, 5, 8, 11
+        kw = dict(image_size=image_size or 1024)
+    return _redraw_sam_tables(redraw(SamVisionEncoder(SamVisionConfig(**kw))))
+
+
+def _hf_sam_cases(model, size: str, g: torch.Generator) -> list:
+    n, p, w = model.config.image_size, model.config.patch_size, model.config.window_size
+    pad = "windows padded" if (n // p) % w else "windows exact"
+    return [Case(f"2 images {n}x{n} px ({n // p}x{n // p} patches, {pad}; the original takes no other size)",
+                 (torch.randn(2, 3, n, n, generator=g),), dict(output_hidden_states=True))]
+
+
+def _timm_sam(size: str):
+    from timm.models.vision_transformer_sam import VisionTransformerSAM
+
+    if size == "tiny":
+        kw = dict(img_size=(24, 40), patch_size=4, embed_dim=32, depth=4, num_heads=2, mlp_ratio=1.5, window_size=3,
+                  global_attn_indexes=(1, 3), neck_chans=16, qk_norm=True, init_values=0.5)
+    else:  # timm's samvit_base_patch16 (ViT-B, 1024 px)
+        kw = dict(img_size=1024, patch_size=16, embed_dim=768, depth=12, num_heads=12, window_size=14,
+                  global_attn_indexes=(2, 5, 8, 11), neck_chans=256)
+    # no classifier, no pooling: forward returns the neck's (B, C, h, w) map, every cell compared
+    return _redraw_sam_tables(redraw(VisionTransformerSAM(use_rel_pos=True, num_classes=0, global_pool="", **kw)))
+
+
+def _timm_sam_cases(model, size: str, g: torch.Generator) -> list:
+    h, w = model.patch_embed.img_size
+    s = (32, 32) if size == "tiny" else (768, 512)
+    return [Case(f"2 images {h}x{w} px (its size)", (torch.randn(2, 3, h, w, generator=g),)),
+            Case(f"2 images {s[0]}x{s[1]} px (abs table resampled, global relative tables resized)",
+                 (torch.randn(2, 3, *s, generator=g),))]
+
+
+# --- SigLIP2 NaFlex: packed patches, pixel_attention_mask, spatial_shapes -----------------------------
+def _siglip2(size: str):
+    from transformers import Siglip2VisionConfig
+    from transformers.models.siglip2.modeling_siglip2 import Siglip2VisionModel
+
+    kw = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2, num_patches=16,
+              patch_size=4) if size == "tiny" else dict(num_patches=256, patch_size=16)  # siglip2-base-patch16-naflex
+    return redraw(Siglip2VisionModel(Siglip2VisionConfig(**kw)))
+
+
+def _siglip2_cases(model, size: str, g: torch.Generator) -> list:
+    d = model.config.num_channels * model.config.patch_size ** 2
+    batches = {"tiny": [(24, [[3, 6], [5, 2]]), (20, [[4, 4], [2, 7]])],
+               "full": [(256, [[12, 21], [24, 10]]), (256, [[16, 16], [7, 36]])]}[size]
+    out = []
+    for L, shapes in batches:
+        mask = torch.zeros(len(shapes), L, dtype=torch.long)
+        for b, (h, w) in enumerate(shapes):
+            mask[b, :h * w] = 1
+        x = torch.randn(len(shapes), L, d, generator=g) * mask[..., None]
+        label = f"packed: {' and '.join(f'{h}x{w}' for h, w in shapes)} patches in {L} slots (padded slots compared)"
+        out.append(Case(label, (x, mask, torch.tensor(shapes))))
+    return out
+
+
+# --- Idefics3: padded images and patch_attention_mask (NaViT's bucketed positions) --------------------
+def _idefics3(size: str):
+    from transformers import Idefics3VisionConfig
+    from transformers.models.idefics3.modeling_idefics3 import Idefics3VisionTransformer
+
+    kw = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2, image_size=20,
+              patch_size=4) if size == "tiny" else dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27,
+                                                       num_attention_heads=16, image_size=364, patch_size=14)  # Idefics3-8B
+    return redraw(Idefics3VisionTransformer(Idefics3VisionConfig(**kw)))
+
+
+def _idefics3_cases(model, size: str, g: torch.Generator) -> list:
+    p = model.config.patch_size
+    (H, W), shapes = ((7, 9), [(7, 3), (2, 9)]) if size == "tiny" else ((26, 32), [(26, 15), (11, 32)])
+    pm = torch.zeros(len(shapes), H, W, dtype=torch.bool)
+    for b, (h, w) in enumerate(shapes):
+        pm[b, :h, :w] = True
+    x = torch.randn(len(shapes), 3, H * p, W * p, generator=g) * pm.repeat_interleave(p, 1).repeat_interleave(p, 2)[:, None]
+    n = model.config.image_size // p
+    return [Case(f"padded: {' and '.join(f'{h}x{w}' for h, w in shapes)} patches in {H}x{W} (table {n}x{n})", (x, pm)),
+            Case(f"2 images {n}x{n} patches, no mask", (torch.randn(2, 3, n * p, n * p, generator=g),))]
+
 TOWERS = {
     "qwen2_vl": Entry("qwen2_vl", "transformers `Qwen2VisionTransformerPretrainedModel`", _qwen2_vl,
                       _qwen_cases(QWEN2_GRIDS),
@@ -167,6 +267,15 @@ TOWERS = {
     "llama4": Entry("llama4", "transformers `Llama4VisionModel`", _llama4, _llama4_cases),
     "llama4_b": Entry("llama4_b", "transformers `Llama4VisionModel`, a second config size",
                       lambda size: _llama4(size, 48 if size == "tiny" else 448), _llama4_cases),
+    # SAM, SigLIP2, Idefics3 (branch i37b): the position tables of SAM are redrawn too (_redraw_sam_tables)
+    "hf_sam": Entry("hf_sam", "transformers `SamVisionEncoder`", _hf_sam, _hf_sam_cases),
+    "hf_sam_b": Entry("hf_sam_b", "transformers `SamVisionEncoder`, a second config size",
+                      lambda size: _hf_sam(size, 24 if size == "tiny" else 512), _hf_sam_cases),
+    "timm_sam": Entry("timm_sam", "timm `VisionTransformerSAM` (`forward`: the neck's map, no head)", _timm_sam,
+                      _timm_sam_cases, ("",)),
+    "siglip2": Entry("siglip2", "transformers `Siglip2VisionModel`", _siglip2, _siglip2_cases,
+                     ("last_hidden_state", "pooler_output")),
+    "idefics3": Entry("idefics3", "transformers `Idefics3VisionTransformer`", _idefics3, _idefics3_cases),
 }
 
 
@@ -182,12 +291,12 @@ def errors(entry: Entry, size: str = "tiny", seed: int = 1, original=None):
             raise AssertionError(f"{entry.name}: the converted model returns {type(got).__name__}, "
                                  f"the original {type(want).__name__}")
         for f in entry.fields:
-            a, b = getattr(got, f), getattr(want, f)
+            a, b = (getattr(got, f), getattr(want, f)) if f else (got, want)  # "": the output itself (timm)
             if isinstance(b, (list, tuple)):  # a list of tensors (Qwen3-VL's deepstack_features)
                 if len(a) != len(b):
                     raise AssertionError(f"{entry.name}: {f} has {len(a)} tensors, the original's {len(b)}")
                 a, b = torch.cat([t.flatten() for t in a]), torch.cat([t.flatten() for t in b])
-            out.append((case.label, f, (a - b).abs().max().item(), b.abs().max().item()))
+            out.append((case.label, f or "output", (a - b).abs().max().item(), b.abs().max().item()))
     return out
 
 

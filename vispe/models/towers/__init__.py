@@ -52,3 +52,6 @@ def convertible() -> list[str]:
 from vispe.models.towers import qwen_vl  # noqa: E402,F401
 from vispe.models.towers import pixtral  # noqa: E402,F401
 from vispe.models.towers import llama4  # noqa: E402,F401
+from vispe.models.towers import sam  # noqa: E402,F401
+from vispe.models.towers import siglip2  # noqa: E402,F401
+from vispe.models.towers import idefics3  # noqa: E402,F401
