@@ -13,6 +13,7 @@ from vispe.image import (
     peg,  # noqa: F401
     relbias,  # noqa: F401
     relbias_axis,  # noqa: F401
+    relpos_decomposed,  # noqa: F401
     rope_axial,  # noqa: F401
     rope_mixed,  # noqa: F401
     sine,  # noqa: F401

@@ -28,19 +28,17 @@ Parameter names follow DETR's (``input_proj``, ``query_embed``, ``class_embed``,
 """
 from __future__ import annotations
 
-from typing import Any, cast
-
 import torch
 from torch import nn
 
 from vispe import _checks
-from vispe.attention import Attention, PosContext
-from vispe.encoding import PositionEncoding
+from vispe.attention import PosContext
 from vispe.models.detr.backbone import build_backbone
-from vispe.models.detr.designs import CLASS_HEADS, build_design, fix_refpoints_xy, key_family
+from vispe.models.detr.designs import CLASS_HEADS, Design, build_design, check_cross_rotary, fix_refpoints_xy
+from vispe.models.detr.init import papers_init
 from vispe.models.detr.mlp import MLP
-from vispe.models.detr.placement import Placement, check_family, parse_placement
-from vispe.models.detr.queries import QueryPositions
+from vispe.models.detr.placement import parse_placement
+from vispe.models.detr.relation import PositionRelation
 from vispe.models.detr.transformer import Transformer
 from vispe.registry import build_in, get
 
@@ -50,67 +48,65 @@ BoxHead = MLP  # DETR's box MLP (``bbox_embed.layers.N``)
 class DETR(nn.Module):
     """Backbone -> projection -> transformer with any encoding -> class and box heads.
 
-    ``queries`` is the query-position strategy (``vispe.models.detr.queries``); ``class_head``
-    "softmax" (K + 1 logits, DETR) or "sigmoid" (K logits for the focal loss, Conditional/DAB-DETR).
-    Input checks are the ViT's (``vispe._checks.images``): a ValueError for a non-float or empty
-    batch, a mask of another shape or an image that is all padding.
+    ``design`` (``vispe.models.detr.designs.Design``) is the query design: its strategy becomes
+    ``self.queries`` (``vispe.models.detr.queries``), its keys decide where the encodings go.
+    ``class_head`` "softmax" (K + 1 logits, DETR) or "sigmoid" (K logits for the focal loss,
+    Conditional/DAB-DETR). Input checks are the ViT's (``vispe._checks.images``): a ValueError for a
+    non-float or empty batch, a mask of another shape or an image that is all padding.
     """
 
     #: refuse NaN / inf pixels (opt-in, as the ViT's: costs one pass over the input per call)
     check_finite: bool = False
-    pe: PositionEncoding | None  # the encoder's additive or conditional encoding (rotary / bias: in its layers)
-    dec_pe: PositionEncoding | None  # the decoder keys' own additive encoding (None: the encoder's code)
-    config: dict[str, Any]  # create_detr's arguments, for checkpoints
 
-    def __init__(self, backbone: nn.Module, transformer: Transformer, *, num_classes: int, num_queries: int,
-                 pe: str, pe_kwargs: dict[str, Any], placement: Placement, dec_pe: str | None,
-                 dec_pe_kwargs: dict[str, Any], grid: int | tuple[int, int] | None = None, aux_loss: bool = True, queries: QueryPositions | None = None, query_dim: int | None = None,
-                 class_head: str = "softmax") -> None:
+    def __init__(self, backbone: nn.Module, transformer: Transformer, design: Design, *, num_classes: int,
+                 num_queries: int, pe: str, pe_kwargs: dict, placement, dec_pe: str | None, dec_pe_kwargs: dict,
+                 grid=None, aux_loss: bool = True, class_head: str | None = None) -> None:
         super().__init__()
         d = transformer.d_model
         self.backbone, self.transformer = backbone, transformer
         self.in_chans = _image_channels(backbone)  # checked at the input (None: the backbone does not say)
-        self.input_proj = nn.Conv2d(cast(int, backbone.num_channels), d, kernel_size=1)
-        self.queries = queries if queries is not None else QueryPositions(d, queries_at=placement.queries)
-        self.query_embed = nn.Embedding(num_queries, query_dim or d)
-        self.class_head = _checks.choice("class_head", class_head, CLASS_HEADS)
-        self.class_embed = nn.Linear(d, num_classes + (class_head == "softmax"))
+        self.input_proj = nn.Conv2d(backbone.num_channels, d, kernel_size=1)
+        self.queries = design.queries
+        self.keys = design.cross.keys
+        self.query_embed = nn.Embedding(num_queries, self.queries.query_dim or d)
+        self.class_head = _checks.choice("class_head", class_head or design.class_head, CLASS_HEADS)
+        self.class_embed = nn.Linear(d, num_classes + (self.class_head == "softmax"))
         self.bbox_embed = BoxHead(d, d, 4, 3)
         self.num_classes, self.num_queries, self.aux_loss = num_classes, num_queries, aux_loss
         self.placement = placement
         self.pe_name, self.dec_pe_name = pe, dec_pe
         self.pe_family = get(pe).family
         dec_family = get(dec_pe).family if dec_pe is not None else None
-        check_family(pe, self.pe_family, placement, dec_pe, dec_family, design=self.queries.design)
-        context: dict[str, Any] = dict(dim=d, num_heads=transformer.nheads, head_dim=d // transformer.nheads,
-                                       num_prefix_tokens=0)
+        context = dict(dim=d, num_heads=transformer.nheads, head_dim=d // transformer.nheads, num_prefix_tokens=0)
         if grid is not None:
             context["grid"] = _checks.grid_shape("grid", grid)
         self.pe = self.dec_pe = None
+        _check_used(pe, self.pe_family, placement, dec_pe, self.keys)
         if self.pe_family in ("additive", "conditional"):
             self.pe = build_in(pe, context, **pe_kwargs)
-        elif self.pe_family in ("rotary", "bias"):
+        elif self.pe_family in ("rotary", "bias") and placement.encoder == "attn":
             for layer in transformer.encoder:
-                cast(Attention, layer.self_attn).set_pe(build_in(pe, context, **pe_kwargs))
-        elif pe_kwargs:
+                layer.self_attn.set_pe(build_in(pe, context, **pe_kwargs))
+        elif pe_kwargs and self.pe_family == "none":
             raise ValueError(f"pe_kwargs={pe_kwargs!r}: the encoding {pe!r} takes no settings")
         if dec_pe is not None and dec_family == "additive":
             self.dec_pe = build_in(dec_pe, context, **dec_pe_kwargs)
         elif dec_pe_kwargs and (dec_pe is None or dec_family == "none"):
             raise ValueError(f"dec_pe_kwargs={dec_pe_kwargs!r}: there is no decoder encoding to take them "
                              f"(dec_pe={dec_pe!r})")
-        if self.queries.cross == "rotary":  # every cross-attention gets its own rotary encoding
-            name, kw = (dec_pe, dec_pe_kwargs) if dec_pe is not None else (pe, pe_kwargs)
+        if self.keys == "rotary":  # every cross-attention gets its own rotary encoding
+            name, kw, arg = (dec_pe, dec_pe_kwargs, "dec_pe") if dec_pe is not None else (pe, pe_kwargs, "pe")
             for layer in transformer.decoder:
-                cast(Attention, layer.cross_attn).set_pe(build_in(name, context, **kw))
+                layer.cross_attn.set_pe(build_in(name, context, **kw))
+                check_cross_rotary(layer.cross_attn.pe, name, arg)
 
     # --- positions -----------------------------------------------------------------------------
-    def _codes(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def _codes(self, x: torch.Tensor, mask: torch.Tensor | None):
         """Additive 2D codes for the encoder and the decoder keys, or None.  # (B|1, h*w, d) each"""
         shape, pl = tuple(x.shape[-2:]), self.placement
-        rotary_keys = self.queries.cross == "rotary"
+        rotary_keys = self.keys == "rotary"
         enc = dec = None
-        if self.pe is not None and self.pe_family == "additive" and (pl.encoder != "none" or (pl.decoder != "none" and self.dec_pe is None
+        if self.pe_family == "additive" and (pl.encoder != "none" or (pl.decoder != "none" and self.dec_pe is None
                                                                       and not rotary_keys)):
             enc = self.pe(shape, mask, device=x.device, dtype=x.dtype)
         if pl.decoder != "none" and not rotary_keys:
@@ -118,7 +114,7 @@ class DETR(nn.Module):
         return (enc if pl.encoder != "none" else None), dec
 
     # --- forward -----------------------------------------------------------------------------------
-    def forward(self, images: torch.Tensor, mask: torch.Tensor | None = None) -> dict[str, Any]:
+    def forward(self, images: torch.Tensor, mask: torch.Tensor | None = None) -> dict:
         """Images (B, 3, H, W) and padding mask (B, H, W), True = padding -> DETR's output dict."""
         mask = _check_inputs(images, mask, self.in_chans, self.check_finite)
         feats, fmask = _eager_backbone(self.backbone, images, mask)  # (B, C, h, w), (B, h, w)
@@ -126,7 +122,7 @@ class DETR(nn.Module):
         B, d, h, w = x.shape
         grid_mask = fmask if bool(fmask.any()) else None  # no padding: cached tables, unmasked attention
         pl = self.placement
-        if self.pe is not None and self.pe_family == "conditional":
+        if self.pe_family == "conditional":
             x = x + self.pe(x, grid_mask)
         tokens = x.flatten(2).transpose(1, 2)  # (B, h*w, d)
         enc_code, dec_code = self._codes(x, grid_mask)
@@ -149,7 +145,7 @@ class DETR(nn.Module):
                                   for a, b in zip(logits[:-1], boxes[:-1])]
         return out
 
-    def param_groups(self, lr: float, lr_backbone: float, weight_decay: float) -> list[dict[str, Any]]:
+    def param_groups(self, lr: float, lr_backbone: float, weight_decay: float) -> list[dict]:
         """DETR's optimiser groups: the backbone at ``lr_backbone``, the rest at ``lr``."""
         named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
         return [{"params": [p for n, p in named if not n.startswith("backbone.")], "lr": lr, "weight_decay": weight_decay},
@@ -157,9 +153,8 @@ class DETR(nn.Module):
                  "weight_decay": weight_decay}]
 
 
-@torch.compiler.disable  # type: ignore[untyped-decorator]  # untyped in torch
-def _eager_backbone(backbone: nn.Module, images: torch.Tensor,
-                    mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+@torch.compiler.disable
+def _eager_backbone(backbone, images, mask):
     """The backbone, outside any torch.compile graph. Inductor (torch 2.14) fails on the stride-2
     convolutions of a batch whose size changed (symbolic H, W): "cannot determine truth value of
     Relational: 1 < (((s54 - 1)//2)) + 1" while ordering strides, and hints on the sizes
@@ -168,14 +163,24 @@ def _eager_backbone(backbone: nn.Module, images: torch.Tensor,
     return backbone(images, mask)
 
 
+def _check_used(pe: str, family: str, placement, dec_pe: str | None, keys: str) -> None:
+    """Refuse an encoding no layer would use: its settings (and any parameter) would be ignored."""
+    if family == "none" or placement.encoder != "none":
+        return
+    if placement.decoder != "none" and dec_pe is None:
+        return
+    where = "the decoder takes no position" if placement.decoder == "none" else f"the decoder's keys take dec_pe={dec_pe!r}"
+    raise ValueError(f"pe={pe!r} is used nowhere: pe_at encoder='none' and {where}; expected pe='none' or a place "
+                     "that uses it")
+
+
 def _image_channels(backbone: nn.Module) -> int | None:
     """The channels the backbone's first convolution takes (ResNets, small_cnn, ViT patch embedding)."""
     conv = next((m for m in backbone.modules() if isinstance(m, nn.Conv2d)), None)
     return conv.in_channels if conv is not None else None
 
 
-def _check_inputs(images: torch.Tensor, mask: torch.Tensor | None, in_chans: int | None = None,
-                  check_finite: bool = False) -> torch.Tensor:
+def _check_inputs(images, mask, in_chans: int | None = None, check_finite: bool = False) -> torch.Tensor:
     """Checked images and mask (the rules of every vispe model, ``vispe._checks.images``); a missing
     mask means no padding.  # mask (B, H, W) bool"""
     _checks.images("images", images, mask, in_chans=in_chans, check_finite=check_finite)
@@ -185,17 +190,17 @@ def _check_inputs(images: torch.Tensor, mask: torch.Tensor | None, in_chans: int
     return mask.to(images.device)
 
 
-def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", backbone_weights: str | None = None,
-                dilation: bool = False, train_backbone: bool = True, backbone_widths: tuple[int, ...] | None = None,
-                backbone_kwargs: dict[str, Any] | None = None, backbone_mask_aware: bool = False, pe: str = "sine",
-                pe_kwargs: dict[str, Any] | None = None, pe_at: str | dict[str, str] = "attn",
-                query_pos_at: str = "attn", dec_pe: str | None = None, dec_pe_kwargs: dict[str, Any] | None = None,
-                grid: int | tuple[int, int] | None = None, num_queries: int = 100, d_model: int = 256,
+def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", backbone_weights=None,
+                dilation: bool = False, train_backbone: bool = True, backbone_widths=None,
+                backbone_kwargs: dict | None = None, backbone_mask_aware: bool = False, pe: str = "sine", pe_kwargs: dict | None = None,
+                pe_at="attn", query_pos_at: str = "attn", dec_pe: str | None = None,
+                dec_pe_kwargs: dict | None = None, grid=None, num_queries: int = 100, d_model: int = 256,
                 nheads: int = 8, enc_layers: int = 6, dec_layers: int = 6, dim_feedforward: int = 2048,
                 dropout: float = 0.1, attn_dropout: float | None = None, aux_loss: bool = True,
-                decoder: str = "detr", decoder_kwargs: dict[str, Any] | None = None, box_bias: str | None = None,
-                box_bias_kwargs: dict[str, Any] | None = None, class_head: str | None = None,
-                activation: str = "relu") -> DETR:
+                decoder: str = "detr", decoder_kwargs: dict | None = None, box_bias: str | None = None,
+                box_bias_kwargs: dict | None = None, query_relation: str | None = None,
+                query_relation_kwargs: dict | None = None, class_head: str | None = None, activation: str = "relu",
+                init: str = "papers") -> DETR:
     """A DETR-style detector with encoding ``pe``; the defaults are DETR R50's.
 
     Args:
@@ -235,8 +240,13 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
         decoder_kwargs: its options.
         box_bias: Plain-DETR's box bias ("boxrpb") or None.
         box_bias_kwargs: its options.
+        query_relation: "relation" for Relation-DETR's box-to-box bias on the decoder's
+            self-attention (``vispe.models.detr.relation``; decoder="dab" with boxes).
+        query_relation_kwargs: its options.
         class_head: "softmax" (K + 1) or "sigmoid" (K, focal loss); default by design.
         activation: the FFNs' "relu" (DETR, Conditional DETR), "prelu" (DAB-DETR) or "gelu".
+        init: "papers" (the Conditional DETR / DAB-DETR code's initialisation, default) or "legacy"
+            (vispe's before issue 35); DETR's design has one, DETR's own (``vispe.models.detr.init``).
     """
     for name, value in (("num_classes", num_classes), ("num_queries", num_queries), ("d_model", d_model),
                         ("nheads", nheads), ("enc_layers", enc_layers), ("dec_layers", dec_layers),
@@ -244,27 +254,30 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
         _checks.positive_int(name, value, allow_zero=name == "enc_layers")
     if d_model % nheads:
         raise ValueError(f"d_model={d_model}: expected a multiple of nheads={nheads}")
-    for name, prob in (("dropout", dropout), ("attn_dropout", attn_dropout)):
-        if prob is not None and not (isinstance(prob, (int, float)) and 0 <= prob < 1):
-            raise ValueError(f"{name}={prob!r}: expected a probability in [0, 1)")
+    for name, value in (("dropout", dropout), ("attn_dropout", attn_dropout)):
+        if value is not None and not (isinstance(value, (int, float)) and 0 <= value < 1):
+            raise ValueError(f"{name}={value!r}: expected a probability in [0, 1)")
     if not isinstance(aux_loss, bool):
         raise ValueError(f"aux_loss={aux_loss!r}: expected True or False")
     placement = parse_placement(pe_at, query_pos_at)
     net = build_backbone(backbone, weights=backbone_weights, dilation=dilation, train_backbone=train_backbone,
                          widths=backbone_widths, kwargs=backbone_kwargs, mask_aware=backbone_mask_aware)
     design = build_design(decoder, dict(decoder_kwargs or {}), box_bias=box_bias,
-                          box_bias_kwargs=dict(box_bias_kwargs or {}), d_model=d_model, nheads=nheads,
-                          queries_at=placement.queries, key_family=key_family(pe, dec_pe), stride=cast(float, net.stride),
-                          dec_layers=dec_layers)
-    transformer = Transformer(d_model, nheads, enc_layers, dec_layers, dim_feedforward, dropout, attn_dropout,
-                              layer_kwargs=design["layer_kwargs"], enc_pos_scale=design["enc_pos_scale"],
-                              activation=activation)
-    model = DETR(net, transformer, num_classes=num_classes, num_queries=num_queries, pe=pe,
+                          box_bias_kwargs=dict(box_bias_kwargs or {}), query_relation=query_relation,
+                          query_relation_kwargs=dict(query_relation_kwargs or {}), init=init, d_model=d_model,
+                          num_layers=dec_layers, placement=placement, pe=pe, dec_pe=dec_pe, enc_layers=enc_layers,
+                          stride=net.stride)
+    transformer = Transformer(d_model, nheads, enc_layers, design.layers(), dim_feedforward, dropout, attn_dropout,
+                              enc_pos_scale=design.enc_pos_scale, activation=activation)
+    model = DETR(net, transformer, design, num_classes=num_classes, num_queries=num_queries, pe=pe,
                  pe_kwargs=dict(pe_kwargs or {}), placement=placement, dec_pe=dec_pe,
-                 dec_pe_kwargs=dict(dec_pe_kwargs or {}), grid=grid, aux_loss=aux_loss, queries=design["queries"],
-                 query_dim=design["query_dim"], class_head=class_head or design["default_class_head"])
-    if design["random_refpoints_xy"]:
+                 dec_pe_kwargs=dict(dec_pe_kwargs or {}), grid=grid, aux_loss=aux_loss, class_head=class_head)
+    if design.queries.random_refpoints_xy:
         fix_refpoints_xy(model.query_embed.weight)
+    if design.relation is not None:  # built last: at one seed, every other weight is the run's without it
+        transformer.relation = PositionRelation(nheads, **design.relation)
+    if design.init == "papers":
+        papers_init(model)
     model.config = dict(num_classes=num_classes, backbone=backbone if isinstance(backbone, str) else type(backbone).__name__,
                         backbone_kwargs=dict(backbone_kwargs or {}), backbone_mask_aware=backbone_mask_aware,
                         dilation=dilation, backbone_widths=backbone_widths,
@@ -274,6 +287,7 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
                         dec_layers=dec_layers, dim_feedforward=dim_feedforward, dropout=dropout,
                         attn_dropout=attn_dropout, aux_loss=aux_loss, decoder=decoder,
                         decoder_kwargs=dict(decoder_kwargs or {}), box_bias=box_bias,
-                        box_bias_kwargs=dict(box_bias_kwargs or {}), class_head=model.class_head,
-                        activation=activation)
+                        box_bias_kwargs=dict(box_bias_kwargs or {}), query_relation=query_relation,
+                        query_relation_kwargs=dict(query_relation_kwargs or {}), class_head=model.class_head,
+                        activation=activation, init=init)
     return model
