@@ -16,7 +16,6 @@ import pytest
 import timm
 import torch
 
-import vispe
 from vispe.models._vit_inputs import patch_mask
 from vispe.models.vit import create_vit
 

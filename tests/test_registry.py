@@ -3,8 +3,8 @@ import pytest
 import torch
 
 import vispe
-from vispe.encoding import FAMILIES, GRID_KEY
 from conftest import DIM, attend, build_for_test
+from vispe.encoding import FAMILIES, GRID_KEY
 
 GRIDS = [(1, 1), (3, 5), (5, 3), (32, 32)]
 

@@ -89,8 +89,15 @@ import torch
 from vispe import _checks
 from vispe.axis.rope import LAYOUTS
 from vispe.axis.rope_scaling import SCALINGS, YARN_ALPHA, YARN_BETA, check_ramp, pi_positions, scaling_factor
-from vispe.coords import (VALID_MODES as COORD_MODES, float32_math, jitter_coords, unit_coords, unit_to_grid,
-                          valid_coords, valid_extent)
+from vispe.coords import (
+    VALID_MODES as COORD_MODES,
+    float32_math,
+    jitter_coords,
+    unit_coords,
+    unit_to_grid,
+    valid_coords,
+    valid_extent,
+)
 from vispe.encoding import RotaryEncoding
 
 NORMALIZE_COORDS = ("separate", "min", "max")

@@ -173,7 +173,7 @@ class LearnedAbsEncoding(AdditiveBase):
         return resample_grid_table(self.pos_embed, self.grid, shape, interpolation=self.interpolation,
                                    antialias=self.antialias, align_corners=self.align_corners)  # (1, h*w, dim)
 
-    def resize_(self, shape) -> "LearnedAbsEncoding":
+    def resize_(self, shape) -> LearnedAbsEncoding:
         """Replace the stored table by its resampling at ``shape`` = (h, w) (load time)."""
         shape = _checks.grid_shape("shape", shape)
         with torch.no_grad():

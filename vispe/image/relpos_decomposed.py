@@ -90,7 +90,8 @@ class RelPosDecomposed(BiasBase):
         num_prefix_tokens: prefix tokens with learned bias scalars (the bias family's rule).
         grid: (h, w) the tables are built for (required): ``rel_pos_h`` (2h-1, head_dim),
             ``rel_pos_w`` (2w-1, head_dim). A windowed SAM block's grid is its window.
-        head_dim / dim: channels per head (one of them is required).
+        head_dim: channels per head (this or ``dim`` is required).
+        dim: the model width, channels per head when ``head_dim`` is not given (one of them is required).
         init_std: 0 (default) zero tables as SAM; > 0 a truncated normal of that std.
     """
 
@@ -116,7 +117,7 @@ class RelPosDecomposed(BiasBase):
         return decomposed_rel_pos(qg, rh, rw, (h, w), (h, w))  # (B, heads, N, N)
 
     @torch.no_grad()
-    def resize_(self, shape) -> "RelPosDecomposed":
+    def resize_(self, shape) -> RelPosDecomposed:
         """Resize the stored tables to grid ``shape`` for good, by SAM's rule (load time)."""
         h, w = _checks.grid_shape("shape", shape)
         if (h, w) != self.grid:

@@ -61,7 +61,6 @@ from vispe.axis.rope_scaling import ntk_frequencies, yarn_frequencies
 from vispe.image._rotary import RotaryBase
 from vispe.registry import register
 
-
 AXIS_ORDERS = ("yx", "xy")
 FREQ_SPLITS = ("shared", "even_odd", "blocked")
 

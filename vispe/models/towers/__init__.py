@@ -16,7 +16,7 @@ refuses, naming the part.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 _CONVERTERS: dict[tuple[str, str], Callable] = {}
 
@@ -49,9 +49,11 @@ def convertible() -> list[str]:
 
 # Each family registers its converter on import (none imports its original library at module level):
 # one import line per family file below.
-from vispe.models.towers import qwen_vl  # noqa: E402,F401
-from vispe.models.towers import pixtral  # noqa: E402,F401
-from vispe.models.towers import llama4  # noqa: E402,F401
-from vispe.models.towers import sam  # noqa: E402,F401
-from vispe.models.towers import siglip2  # noqa: E402,F401
-from vispe.models.towers import idefics3  # noqa: E402,F401
+from vispe.models.towers import (
+    idefics3,  # noqa: E402,F401
+    llama4,  # noqa: E402,F401
+    pixtral,  # noqa: E402,F401
+    qwen_vl,  # noqa: E402,F401
+    sam,  # noqa: E402,F401
+    siglip2,  # noqa: E402,F401
+)

@@ -46,8 +46,15 @@ from torch import nn
 
 from vispe.attention import PosContext
 from vispe.models.towers import register_tower
-from vispe.models.towers._common import Tower, TowerBlock, fused_attention, from_canvas, model_output, \
-    output_flags, to_canvas
+from vispe.models.towers._common import (
+    Tower,
+    TowerBlock,
+    from_canvas,
+    fused_attention,
+    model_output,
+    output_flags,
+    to_canvas,
+)
 
 
 def merge_block_cells(h: int, w: int, m: int, *, device=None) -> torch.Tensor:

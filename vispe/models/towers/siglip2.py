@@ -42,8 +42,15 @@ from torch import nn
 from vispe.attention import PosContext
 from vispe.image.learned_abs import LearnedAbsEncoding
 from vispe.models.towers import register_tower
-from vispe.models.towers._common import Tower, TowerBlock, from_canvas, model_output, output_flags, to_canvas, \
-    vispe_attention
+from vispe.models.towers._common import (
+    Tower,
+    TowerBlock,
+    from_canvas,
+    model_output,
+    output_flags,
+    to_canvas,
+    vispe_attention,
+)
 
 NATIVE = dict(interpolation="bilinear", antialias="always", mask_aware=True, pad_value="first")
 
