@@ -166,13 +166,13 @@ def test_bad_center_names_the_argument(name, kw, needle):
         vispe.build(name, dim=DIM, **kw)
 
 
-def test_the_readme_states_normidx2d_centring_as_the_code_does():
-    """issue 41, item 10: the README said center=True of normidx2d subtracts the code's mean; the code
+def test_the_docs_state_normidx2d_centring_as_the_code_does():
+    """issue 41, item 10: the README (now docs/conventions.md) said center=True of normidx2d subtracts the code's mean; the code
     centres the index before the learned projection, whose bias stays the mean (decided: a learned
     constant is the model's to keep; subtracting it would leave the bias without a gradient)."""
     from pathlib import Path
 
-    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    readme = " ".join((Path(__file__).resolve().parents[1] / "docs" / "conventions.md").read_text().split())
     assert "`center=True` of `sine`, `sincos2d` and `axis2d` (sinusoidal) subtracts the code's mean" in readme
     assert ("`normidx2d` centres its index the same way, before its learned projection, whose bias stays: the "
             "code's mean is that learned constant (0 with `project=False`)") in readme

@@ -138,11 +138,11 @@ def test_small_cnn_refusals_give_each_option_its_reason():
         assert ("trained from scratch" in str(e.value)) == (opt in ("weights", "train_backbone"))
 
 
-def test_the_readme_says_boxrpb_needs_dab_as_the_code_does():
-    """issue 41, item 10: the README offered BoxRPB 'for either positioned design'; Conditional refuses it."""
+def test_the_docs_say_boxrpb_needs_dab_as_the_code_does():
+    """issue 41, item 10: the README (now docs/detection.md) offered BoxRPB 'for either positioned design'; Conditional refuses it."""
     from pathlib import Path
 
-    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    readme = " ".join((Path(__file__).resolve().parents[1] / "docs" / "detection.md").read_text().split())
     assert "for either positioned design, the papers' concatenated spatial part" in readme
     assert "with DAB's anchor boxes only, and/or **BoxRPB**" in readme and "so it refuses one" in readme
     with pytest.raises(ValueError, match="box_bias='boxrpb' with decoder='conditional'"):

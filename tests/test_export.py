@@ -114,6 +114,7 @@ def test_the_legacy_exporters_refusal_comes_without_tracer_warnings(how):
 def test_eager_results_do_not_depend_on_the_tracing_helpers():
     """The same-size identity and the shrink-only antialias rule, as before export support."""
     import torch.nn.functional as F
+
     from vispe import _tracing
 
     t = torch.randn(1, 4, 5, 6)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import execute_notebook
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "padding_leakage.ipynb"
@@ -35,13 +36,13 @@ def test_padding_leakage_notebook_executes(monkeypatch, capfd):
     assert all(line in terminal for line in progress)
 
 
-def test_the_readme_and_the_notebook_say_how_to_run_it():
+def test_the_docs_and_the_notebook_say_how_to_run_it():
     """issue 41, item 4: no command to run the notebook was documented, VISPE_NB_SMALL=1 only inside it."""
     import shutil
 
     import nbformat
 
-    readme = (NOTEBOOK.parents[1] / "README.md").read_text()
+    readme = (NOTEBOOK.parents[1] / "docs" / "guides" / "probes.md").read_text()
     intro = nbformat.read(NOTEBOOK, as_version=4).cells[0].source
     for text in (readme, intro):
         assert "python -m jupyter execute --inplace notebooks/padding_leakage.ipynb" in text

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 import vispe
-from vispe.encoding import FAMILIES, GRID_KEY
 from conftest import DIM, attend, build_for_test
+from vispe.encoding import FAMILIES, GRID_KEY
 
 GRIDS = [(1, 1), (3, 5), (5, 3), (32, 32)]
 
@@ -64,7 +64,7 @@ def test_all_padding_rows_and_images_give_no_nan(encoding_name):
 
 
 #: encodings (as built here) whose learned tables are grid-sized: their state_dict records the grid
-GRID_RECORDED = {"learned_abs", "learned_rowcol", "relbias"}
+GRID_RECORDED = {"learned_abs", "learned_rowcol", "relbias", "relpos_decomposed"}
 
 
 def test_state_dict_holds_only_learned_tensors_and_round_trips(encoding_name):
@@ -146,10 +146,10 @@ def test_python_m_vispe_lists_required_arguments_and_has_help(capsys):
     assert rc == 2 and "unknown command 'lsit'" in err
 
 
-def test_readme_states_the_required_arguments():
+def test_the_docs_state_the_required_arguments():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "encodings.md").read_text()
     assert ("the arguments `vispe.build` requires (`dim` for the additive and conditional encodings, with "
             "`grid` for `learned_abs`; `num_heads` for the bias encodings, with `grid` for `relbias`; `head_dim` "
             "and `num_heads` for the rotary ones; none for `none`)") in " ".join(readme.split())

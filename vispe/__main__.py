@@ -13,7 +13,9 @@ from __future__ import annotations
 import inspect
 import re
 import sys
+from collections.abc import Sequence
 
+from vispe.encoding import PositionEncoding
 from vispe.registry import available, get, required_args
 
 USAGE = """usage: python -m vispe            the registered encodings (a Markdown table)
@@ -24,7 +26,7 @@ Required arguments are those vispe.build(name, ...) needs, e.g.
 vispe.build("rope_axial", head_dim=32, num_heads=8); a model (create_vit, create_detr) passes them."""
 
 
-def mask_awareness(cls) -> str:
+def mask_awareness(cls: type[PositionEncoding]) -> str:
     if cls.mask_aware:
         return "yes"
     return f"option: {cls.mask_aware_option}" if cls.mask_aware_option else "no"
@@ -49,7 +51,7 @@ def table() -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["explain"]:
         from vispe.models.explain_cli import main as explain_main

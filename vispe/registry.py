@@ -6,14 +6,20 @@ from __future__ import annotations
 
 import difflib
 import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
-_REGISTRY: dict[str, type] = {}
+if TYPE_CHECKING:  # for the annotations only: encodings import the registry, not the other way round
+    from vispe.encoding import PositionEncoding
+
+E = TypeVar("E", bound="type[PositionEncoding]")
+_REGISTRY: dict[str, type[PositionEncoding]] = {}
 
 
-def register(name: str):
+def register(name: str) -> Callable[[E], E]:
     """Class decorator adding an encoding under ``name``; a duplicate name is an error."""
 
-    def deco(cls):
+    def deco(cls: E) -> E:
         if name in _REGISTRY and _REGISTRY[name] is not cls:
             raise ValueError(f"encoding name {name!r} is already registered by {_REGISTRY[name].__qualname__}")
         _REGISTRY[name] = cls
@@ -28,7 +34,7 @@ def _load_builtin() -> None:
     import vispe.image  # noqa: F401
 
 
-def get(name: str) -> type:
+def get(name: str) -> type[PositionEncoding]:
     """The class registered under ``name``; an unknown name lists the known ones."""
     _load_builtin()
     if name not in _REGISTRY:
@@ -56,45 +62,49 @@ def required_args(name: str) -> list[str]:
     """The arguments ``build(name, ...)`` cannot do without (the constructor's parameters without a
     default), e.g. ``["head_dim", "num_heads"]`` for ``rope_axial``. Inside a model (``create_vit``,
     ``create_detr``) the model passes them (``build_in``)."""
-    params = inspect.signature(get(name).__init__).parameters.values()
-    return [p.name for p in params if p.name != "self" and p.default is inspect.Parameter.empty
+    params = inspect.signature(get(name)).parameters.values()
+    return [p.name for p in params if p.default is inspect.Parameter.empty
             and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
 
 
-def build(name: str, **kwargs):
+def build(name: str, **kwargs: Any) -> PositionEncoding:
     """Instantiate the encoding registered under ``name`` with ``kwargs`` (``required_args(name)``
     must be among them: a missing one is a ValueError saying what to pass)."""
     missing = [a for a in required_args(name) if a not in kwargs]
     if missing:
-        need = required_args(name)
-        example = {a: kwargs[a] if a in kwargs else _EXAMPLES.get(a, "...") for a in need}
-        note = ""
-        if "head_dim" in missing and isinstance(kwargs.get("dim"), int):  # the model width is not the head's
-            heads = kwargs.get("num_heads", 8)
-            example["head_dim"] = kwargs["dim"] // heads if isinstance(heads, int) and heads > 0 else "..."
-            note = f" (head_dim is each head's channels: dim // num_heads; dim={kwargs['dim']!r} alone does not say it)"
-        example = ", ".join(f"{a}={v!r}" if a in kwargs else f"{a}={v}" for a, v in example.items())
-        raise ValueError(f"encoding {name!r} needs {' and '.join(missing)} (missing; it requires "
-                         f"{', '.join(need)}){note}: pass {'it' if len(missing) == 1 else 'them'}, e.g. "
-                         f"vispe.build({name!r}, {example}); a model (create_vit, create_detr) passes them itself")
+        raise ValueError(_missing_message(name, missing, kwargs))
     return _construct(name, kwargs)
 
 
-def _construct(name: str, kwargs: dict):
+def _missing_message(name: str, missing: list[str], kwargs: dict[str, Any]) -> str:
+    need = required_args(name)
+    values = {a: repr(kwargs[a]) if a in kwargs else _EXAMPLES.get(a, "...") for a in need}
+    note = ""
+    if "head_dim" in missing and isinstance(kwargs.get("dim"), int):  # the model width is not the head's
+        heads = kwargs.get("num_heads", 8)
+        values["head_dim"] = str(kwargs["dim"] // heads) if isinstance(heads, int) and heads > 0 else "..."
+        note = f" (head_dim is each head's channels: dim // num_heads; dim={kwargs['dim']!r} alone does not say it)"
+    example = ", ".join(f"{a}={v}" for a, v in values.items())
+    return (f"encoding {name!r} needs {' and '.join(missing)} (missing; it requires {', '.join(need)}){note}: "
+            f"pass {'it' if len(missing) == 1 else 'them'}, e.g. vispe.build({name!r}, {example}); a model "
+            "(create_vit, create_detr) passes them itself")
+
+
+def _construct(name: str, kwargs: dict[str, Any]) -> PositionEncoding:
     cls = get(name)
     try:
         return cls(**kwargs)
     except TypeError as e:  # an unknown keyword: say which encoding and what it takes
-        params = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "args", "kwargs")]
+        params = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
         raise ValueError(f"encoding {name!r}: {e}; it takes: {', '.join(params)}") from e
 
 
-def build_in(name: str, context: dict, **kwargs):
+def build_in(name: str, context: dict[str, Any], **kwargs: Any) -> PositionEncoding:
     """Build ``name`` for a model: ``context`` (dim, num_heads, head_dim, grid, num_prefix_tokens...)
     is passed only where the encoding's constructor takes that argument; ``kwargs`` always are
     (user settings, never dropped) and override the context.
     """
-    params = inspect.signature(get(name).__init__).parameters
+    params = inspect.signature(get(name)).parameters
     takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     ctx = {k: v for k, v in context.items() if takes_all or k in params}
     # a missing argument is the model's to name (e.g. DETR's grid: train.py says detr.grid), so it

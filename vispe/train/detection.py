@@ -1,7 +1,7 @@
 """The detection task of train.py: a DETR-style detector on COCO-format data, scored by COCOeval.
 
     python train.py --config configs/shapes_detr.yaml           # embedded set, written on first use
-    python train.py --config configs/coco_detr.yaml data.root=/data/coco
+    python train.py --config configs/coco_detr.yaml data.root=/data/coco detr.backbone_weights=/path/to/resnet50-0676ba61.pth
 
 ``task.name: detection`` plugs into the generic loop of ``vispe.train.engine`` (see
 ``vispe.train.tasks`` for the interface): batches are ``(images (B, 3, H, W), mask (B, H, W)
