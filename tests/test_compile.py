@@ -149,6 +149,7 @@ def test_a_converted_eva_and_the_detector_run_four_sizes_without_recompiling():
     are its own (the backbone runs eagerly; `mask.any()` picks the unmasked path): three frames, no
     recompiles."""
     import timm
+
     from vispe.models.detr import create_detr
     from vispe.models.vit import convert_vit
 
