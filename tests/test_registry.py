@@ -103,7 +103,7 @@ def test_runs_at_a_grid_other_than_its_own(encoding_name):
 #: the arguments each encoding cannot be built without, as the README's Encodings section states them
 REQUIRED = {"axis2d": ["dim"], "fourier": ["dim"], "irpe": ["num_heads"], "learned_abs": ["dim", "grid"],
             "learned_rowcol": ["dim"], "log_cpb": ["num_heads"], "none": [], "normidx2d": ["dim"], "peg": ["dim"],
-            "relbias": ["num_heads", "grid"], "relbias_axis": ["num_heads"], "rope_axial": ["head_dim", "num_heads"],
+            "relbias": ["num_heads", "grid"], "relbias_axis": ["num_heads"], "relpos_decomposed": ["num_heads", "grid"], "rope_axial": ["head_dim", "num_heads"],
             "rope_mixed": ["head_dim", "num_heads"], "sincos2d": ["dim"], "sine": ["dim"]}
 
 
@@ -151,10 +151,11 @@ def test_the_docs_state_the_required_arguments():
 
     readme = (Path(__file__).resolve().parents[1] / "docs" / "encodings.md").read_text()
     assert ("the arguments `vispe.build` requires (`dim` for the additive and conditional encodings, with "
-            "`grid` for `learned_abs`; `num_heads` for the bias encodings, with `grid` for `relbias`; `head_dim` "
-            "and `num_heads` for the rotary ones; none for `none`)") in " ".join(readme.split())
+            "`grid` for `learned_abs`; `num_heads` for the bias encodings, with `grid` for `relbias` and "
+            "`relpos_decomposed`; `head_dim` and `num_heads` for the rotary ones; none for `none`)") \
+        in " ".join(readme.split())
     fam = {n: vispe.family_of(n) for n in REQUIRED}
     for n, need in REQUIRED.items():  # the sentence above, spelt out
         base = {"additive": ["dim"], "conditional": ["dim"], "bias": ["num_heads"], "rotary": ["head_dim", "num_heads"],
                 "none": []}[fam[n]]
-        assert need == base + (["grid"] if n in ("learned_abs", "relbias") else []), n
+        assert need == base + (["grid"] if n in ("learned_abs", "relbias", "relpos_decomposed") else []), n

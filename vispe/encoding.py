@@ -78,6 +78,9 @@ class PositionEncoding(nn.Module):
     mask_aware: ClassVar[bool] = False
     #: the setting that makes an instance mask-aware when the class is not always (e.g. "mask_aware=True")
     mask_aware_option: ClassVar[str] = ""
+    #: arguments the example call of ``vispe.build``'s missing-argument error adds to the required ones,
+    #: for one that is needed in another form (``relpos_decomposed``: ``head_dim`` or ``dim``)
+    build_example: ClassVar[dict[str, str]] = {}
 
     def __init__(self) -> None:
         super().__init__()

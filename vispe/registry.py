@@ -79,6 +79,7 @@ def build(name: str, **kwargs: Any) -> PositionEncoding:
 def _missing_message(name: str, missing: list[str], kwargs: dict[str, Any]) -> str:
     need = required_args(name)
     values = {a: repr(kwargs[a]) if a in kwargs else _EXAMPLES.get(a, "...") for a in need}
+    values.update({a: v for a, v in get(name).build_example.items() if a not in kwargs})
     note = ""
     if "head_dim" in missing and isinstance(kwargs.get("dim"), int):  # the model width is not the head's
         heads = kwargs.get("num_heads", 8)
