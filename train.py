@@ -94,7 +94,7 @@ def main(argv=None) -> int:
                 done = run_encoding(sub_cfg, task, data, sub, resume=action == "resume", dist=dist)
                 trained = True
             elif dist.is_main:
-                print(f"[{pe}] already finished in {sub}: not trained again", flush=True)
+                print(f"[{task.label(sub_cfg)}] already finished in {sub}: not trained again", flush=True)
             summaries[pe] = done
             histories[pe] = _history(sub)
             if dist.is_main:
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
 def final_line(summary: dict) -> str:
     m = summary["primary"]
     sizes = "  ".join(f"{m}@{s}px {r[m]:.4f}" for s, r in summary["eval"].items())
-    return (f"[{summary['encoding']}] final: {sizes}  (train {summary['train_time_s']:.0f}s, "
+    return (f"[{summary.get('label', summary['encoding'])}] final: {sizes}  (train {summary['train_time_s']:.0f}s, "
             f"{summary['steps']} steps, {summary['device']})")
 
 
@@ -145,7 +145,8 @@ def report(cfg, out: Path, summaries: dict, histories: dict, runtime: float, arg
             f"Command: `{command.strip()}`  \nTotal runtime: {runtime:.0f} s on "
             f"{next(iter(summaries.values()))['device']}\n")
     atomic_write(out / "comparison.md", text)
-    plot_comparison(histories, out / "comparison.png", metric=f"test_{metric}")
+    plot_comparison({summaries[pe].get("label", pe): h for pe, h in histories.items()}, out / "comparison.png",
+                    metric=f"test_{metric}")
     summary = {"finished": True, "run_name": cfg.train.run_name, "command": command.strip(),
                "runtime_s": round(runtime, 1), "primary": metric, "encodings": summaries}
     atomic_write(out / "summary.json", json.dumps(summary, indent=2) + "\n")

@@ -164,3 +164,23 @@ BAD = [("sine", dict(center="yes"), "center='yes'"), ("sincos2d", dict(center=1)
 def test_bad_center_names_the_argument(name, kw, needle):
     with pytest.raises(ValueError, match=needle):
         vispe.build(name, dim=DIM, **kw)
+
+
+def test_the_docs_state_normidx2d_centring_as_the_code_does():
+    """issue 41, item 10: the README (now docs/conventions.md) said center=True of normidx2d subtracts the code's mean; the code
+    centres the index before the learned projection, whose bias stays the mean (decided: a learned
+    constant is the model's to keep; subtracting it would leave the bias without a gradient)."""
+    from pathlib import Path
+
+    readme = " ".join((Path(__file__).resolve().parents[1] / "docs" / "conventions.md").read_text().split())
+    assert "`center=True` of `sine`, `sincos2d` and `axis2d` (sinusoidal) subtracts the code's mean" in readme
+    assert ("`normidx2d` centres its index the same way, before its learned projection, whose bias stays: the "
+            "code's mean is that learned constant (0 with `project=False`)") in readme
+    torch.manual_seed(0)
+    pe = vispe.build("normidx2d", dim=8, center=True)
+    torch.nn.init.normal_(pe.proj.bias)
+    code = pe((5, 7))[0]  # (35, 8)
+    torch.testing.assert_close(code.mean(0), pe.proj.bias.detach(), rtol=0, atol=1e-6)
+    assert pe.proj.bias.abs().min() > 0.01  # so the mean is not 0
+    raw = vispe.build("normidx2d", dim=2, project=False, center=True)((5, 7))[0]
+    torch.testing.assert_close(raw.mean(0), torch.zeros(2), rtol=0, atol=1e-6)

@@ -37,8 +37,8 @@ def recorded_points(script: str, tmp_path: Path) -> list[tuple[str, object]]:
         argv = json.loads(line)
         assert argv[:2] == ["-m", "vispe.sweep"], argv
         args = cli.parse_args(argv[2:])
-        config, out, pts, overrides = cli.plan(args)
-        points += [(pt.name, C.load_config(config, [*overrides, *pt.overrides(out)])) for pt in pts]
+        plan = cli.plan(args)  # (it also builds every point's model)
+        points += [(pt.name, C.load_config(plan.config, [*plan.overrides, *pt.overrides(plan.out)])) for pt in plan.points]
     return points
 
 

@@ -84,3 +84,46 @@ def test_a_large_image_is_shrunk_to_a_tile_not_magnified(tmp_path):
     V.plot_detections(tiles, tmp_path / "big.png", score=0.5)
     w, h = Image.open(tmp_path / "big.png").size
     assert V.TILE_PX <= w <= 1.2 * V.TILE_PX + 50 and h <= 2 * V.TILE_PX  # one tile of about TILE_PX, not 3,200 px
+
+
+def test_labels_of_close_boxes_do_not_overlap_and_coinciding_top_predictions_are_said(tmp_path):
+    """issue 41, item 8: labels of boxes a few pixels apart were drawn on top of each other, and the
+    'top 3' fallback drew one box without a word when the predictions coincided."""
+    rng = np.random.default_rng(1)
+    close = [([10 + 2 * k, 10 + k, 40 + 2 * k, 30 + k], "square", 0.9 - k / 100) for k in range(4)]
+    tiles = [{"pixels": rng.integers(0, 255, (64, 96, 3), dtype=np.uint8), "image_id": 1,
+              "truth": [([10, 12, 40, 30], "square"), ([12, 13, 42, 31], "disc")], "detections": close},
+             {"pixels": rng.integers(0, 255, (64, 64, 3), dtype=np.uint8), "image_id": 2, "truth": [],
+              "detections": [([5, 5, 30, 30], c, 0.2 - k / 100) for k, c in enumerate(["ring", "disc", "cross"] * 4)]}]
+    drawn = V.plot_detections(tiles, tmp_path / "p.png", score=0.5)
+    boxes = [d for d in drawn if d["kind"] in ("truth", "prediction", "top-k")]
+    assert len([d for d in boxes if d["tile"] == 0]) == 6
+    for a in boxes:  # extents in the PNG's pixels (x0, y0, x1, y1): no two labels of a tile share a pixel
+        for b in boxes:
+            if a is not b and a["tile"] == b["tile"]:
+                (ax0, ay0, ax1, ay1), (bx0, by0, bx1, by1) = a["extent"], b["extent"]
+                assert ax1 <= bx0 or bx1 <= ax0 or ay1 <= by0 or by1 <= ay0, (a["text"], b["text"])
+        if a["kind"] == "truth":
+            assert a["at"][1] < a["box"][1]  # still above its box
+        else:
+            assert a["at"][1] > a["box"][3]  # still below its box
+    w, h = Image.open(tmp_path / "p.png").size
+    assert all(0 <= d["extent"][0] and d["extent"][2] <= w and 0 <= d["extent"][1] and d["extent"][3] <= h
+               for d in boxes)  # inside the picture
+    note = [d["text"] for d in drawn if d["kind"] == "note" and d["tile"] == 1][0]
+    assert note == "image 2: 0 true\nnone \u2265 0.5: 1 box shown, all 12 predictions on it (best 0.20)"
+    assert [d["text"] for d in drawn if d["kind"] == "top-k"] == ["ring 0.20"]
+
+
+def test_curves_png_is_a_grid_of_panels(tmp_path):
+    """issue 41, item 8: a detector's ten metrics made curves.png a 4,500 x 340 strip."""
+    from vispe.train.logging import plot_curves
+
+    names = ["loss", "loss_ce", "loss_bbox", "loss_giou", "AP", "AP50", "AP75", "APs", "APm", "APl"]
+    history = [{"epoch": e, **{f"train_{n}": 1 / e for n in names[:4]}, **{f"test_{n}": 0.5 / e for n in names}}
+               for e in (1, 2, 3)]
+    plot_curves(history, tmp_path / "curves.png", title="sine")
+    w, h = Image.open(tmp_path / "curves.png").size
+    assert w <= 1800 and h >= 900 and w / h < 2  # 4 columns x 3 rows
+    plot_curves([{"epoch": 1, "train_loss": 1.0, "test_acc": 0.5}], tmp_path / "two.png")
+    assert Image.open(tmp_path / "two.png").size[0] < 1000  # a classifier's two panels side by side

@@ -120,5 +120,31 @@ def test_train_config_builds_vit_backbone():
     assert isinstance(model.backbone, ViTBackbone) and model.backbone.layers == 2 and model.backbone.stride == 8
     assert type(model.backbone.vit.pe).__name__ == "PEG" or "peg" in repr(model.backbone.vit.pe).lower()
     cfg = load_config(root / "configs/shapes_detr.yaml", ["detr.backbone=resnet18", "detr.backbone_mask_aware=true",
-                                                          "detr.backbone_widths=null"])
+                                                          "detr.backbone_widths=null", "detr.backbone_weights=random"])
     assert DetectionTask(cfg.task).model(cfg, SimpleNamespace(num_classes=5), 64).backbone.mask_aware
+
+
+def test_small_cnn_refusals_give_each_option_its_reason():
+    """issue 41, item 10: backbone_mask_aware=True was refused because small_cnn "is trained from
+    scratch"; the reason is that it is mask-aware already."""
+    from vispe.models.detr.backbone import build_backbone
+
+    for opt, value, why in (("mask_aware", True, "it is mask-aware already"),
+                            ("weights", "w.pth", "no weights to load"),
+                            ("dilation", True, "DC5 is a ResNet option"),
+                            ("train_backbone", False, "frozen, it would stay random")):
+        with pytest.raises(ValueError, match=why) as e:
+            build_backbone("small_cnn", **{opt: value})
+        assert ("trained from scratch" in str(e.value)) == (opt in ("weights", "train_backbone"))
+
+
+def test_the_docs_say_boxrpb_needs_dab_as_the_code_does():
+    """issue 41, item 10: the README (now docs/detection.md) offered BoxRPB 'for either positioned design'; Conditional refuses it."""
+    from pathlib import Path
+
+    readme = " ".join((Path(__file__).resolve().parents[1] / "docs" / "detection.md").read_text().split())
+    assert "for either positioned design, the papers' concatenated spatial part" in readme
+    assert "with DAB's anchor boxes only, and/or **BoxRPB**" in readme and "so it refuses one" in readme
+    with pytest.raises(ValueError, match="box_bias='boxrpb' with decoder='conditional'"):
+        create_detr(3, decoder="conditional", box_bias="boxrpb", **SMALL)
+    create_detr(3, decoder="dab", box_bias="boxrpb", **SMALL)  # DAB's anchor boxes take it

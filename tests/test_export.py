@@ -93,6 +93,24 @@ def test_torchscript_is_refused_clearly_and_peg_traces():
         torch.testing.assert_close(traced(y), m(y))
 
 
+@pytest.mark.parametrize("how", ["legacy_onnx", "jit_trace"])
+def test_the_legacy_exporters_refusal_comes_without_tracer_warnings(how):
+    """issue 41, item 10: four TracerWarnings (the input checks formatting traced sizes, timm's
+    PatchEmbed assertion) came before the refusal; the refusal is the only thing said now."""
+    import io
+
+    x = torch.randn(1, 3, 16, 16)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with pytest.raises(NotImplementedError, match="torch.jit.trace of a vispe encoding"):
+            if how == "legacy_onnx":
+                torch.onnx.export(tiny("rope_axial").eval(), (x,), io.BytesIO(), dynamo=False)
+            else:
+                torch.jit.trace(tiny("rope_axial").eval(), x)
+    assert not [w for w in seen if issubclass(w.category, torch.jit.TracerWarning)], \
+        [f"{w.filename}:{w.lineno}" for w in seen if issubclass(w.category, torch.jit.TracerWarning)]
+
+
 def test_eager_results_do_not_depend_on_the_tracing_helpers():
     """The same-size identity and the shrink-only antialias rule, as before export support."""
     import torch.nn.functional as F

@@ -97,3 +97,65 @@ def test_runs_at_a_grid_other_than_its_own(encoding_name):
     for shape in [(4, 4), (6, 3), (2, 7)]:
         x = torch.randn(1, shape[0] * shape[1], DIM)
         assert torch.isfinite(attend(pe, x, shape)).all()
+
+
+# ---------------------------------------------------------------- what a new user types first (issue 41, item 9)
+#: the arguments each encoding cannot be built without, as the README's Encodings section states them
+REQUIRED = {"axis2d": ["dim"], "fourier": ["dim"], "irpe": ["num_heads"], "learned_abs": ["dim", "grid"],
+            "learned_rowcol": ["dim"], "log_cpb": ["num_heads"], "none": [], "normidx2d": ["dim"], "peg": ["dim"],
+            "relbias": ["num_heads", "grid"], "relbias_axis": ["num_heads"], "relpos_decomposed": ["num_heads", "grid"], "rope_axial": ["head_dim", "num_heads"],
+            "rope_mixed": ["head_dim", "num_heads"], "sincos2d": ["dim"], "sine": ["dim"]}
+
+
+def test_build_without_a_required_argument_says_what_is_missing_and_what_to_pass():
+    from vispe.registry import required_args
+
+    assert {n: required_args(n) for n in vispe.available()} == REQUIRED
+    with pytest.raises(ValueError) as e:
+        vispe.build("rope_axial", dim=64)
+    msg = str(e.value)
+    assert "needs head_dim and num_heads" in msg and "dim // num_heads" in msg
+    example = msg.split("e.g. ", 1)[1].split(";")[0]  # the call the message suggests works as written
+    assert example == "vispe.build('rope_axial', head_dim=8, num_heads=8)"
+    assert eval(example, {"vispe": vispe}).head_dim == 8
+    with pytest.raises(ValueError, match=r"'relbias' needs grid .*grid=\(14, 14\)"):
+        vispe.build("relbias", num_heads=2)
+    for name, need in REQUIRED.items():  # every example the error gives builds
+        if need:
+            with pytest.raises(ValueError) as e:
+                vispe.build(name)
+            eval(str(e.value).split("e.g. ", 1)[1].split(";")[0], {"vispe": vispe})
+
+
+def test_python_m_vispe_lists_required_arguments_and_has_help(capsys):
+    from vispe.__main__ import main
+
+    def run(*argv):
+        rc = main(list(argv))
+        out = capsys.readouterr()
+        return rc, out.out, out.err
+
+    rc, out, _ = run()
+    assert rc == 0 and "``" not in out and "module docstring" not in out
+    rows = [r.split("|")[1:-1] for r in out.splitlines()[2:]]
+    assert {r[0].strip(): r[3].strip() for r in rows} == {n: ", ".join(a) or "-" for n, a in REQUIRED.items()}
+    for flag in ("-h", "--help"):
+        rc, out, _ = run(flag)
+        assert rc == 0 and "usage: python -m vispe" in out and "explain" in out
+    rc, _, err = run("lsit")
+    assert rc == 2 and "unknown command 'lsit'" in err
+
+
+def test_the_docs_state_the_required_arguments():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "encodings.md").read_text()
+    assert ("the arguments `vispe.build` requires (`dim` for the additive and conditional encodings, with "
+            "`grid` for `learned_abs`; `num_heads` for the bias encodings, with `grid` for `relbias` and "
+            "`relpos_decomposed`; `head_dim` and `num_heads` for the rotary ones; none for `none`)") \
+        in " ".join(readme.split())
+    fam = {n: vispe.family_of(n) for n in REQUIRED}
+    for n, need in REQUIRED.items():  # the sentence above, spelt out
+        base = {"additive": ["dim"], "conditional": ["dim"], "bias": ["num_heads"], "rotary": ["head_dim", "num_heads"],
+                "none": []}[fam[n]]
+        assert need == base + (["grid"] if n in ("learned_abs", "relbias", "relpos_decomposed") else []), n

@@ -3,6 +3,7 @@ what is missing, and the plots (error bars = the std, curves = the mean over see
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -10,6 +11,8 @@ import pytest
 
 from vispe import report
 from vispe.sweep import collect
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_run(sweep, pe, seed, accs, *, vary=None, finished=True, metric="acc"):
@@ -103,3 +106,41 @@ def test_a_detection_sweep_reports_its_primary_metric(tmp_path):
     text = report.write_report(s).read_text()
     assert "| encoding | seeds | AP @32px (train) | AP @48px |" in text
     assert "| sine [pe_at=input] | 2 | 0.350 ± 0.071 |" in text and "| none [query_pos_at=input] | 1 |" in text
+
+
+def test_a_failed_run_says_why_and_is_not_told_to_rerun_as_it_is(sweep):
+    """issue 41, item 1: a point that failed (train.py exit 2) shows train.py's error line in the
+    report, which says the cause must be fixed first (a plain rerun fails the same way)."""
+    run = make_run(sweep, "peg", 1, {}, finished=False)
+    point = json.loads((run / "point.json").read_text())
+    (run / "point.json").write_text(json.dumps({**point, "last_rc": 2}))
+    (run / "train.log").write_text("\n$ python train.py --resume\ntrain.py: error: model.pe_kwargs={'x': 1}: bad\n")
+    lines = report.status_lines(collect.collect(sweep), sweep)
+    assert "- `peg_seed1`: failed: `train.py: error: model.pe_kwargs={'x': 1}: bad`" in lines
+    assert "- `sine_seed2`: unfinished" in lines and lines[-1].startswith("Failed runs stop again until")
+    (run / "train.log").write_text("$ python train.py\nTraceback (most recent call last):\n  File x\nKeyError: 'k'\n")
+    assert collect.last_error(run) == "KeyError: 'k'"
+
+
+def test_detector_designs_are_told_apart_by_their_labels(tmp_path):
+    """issue 41, item 6: every detector variant was labelled by its encoding alone ("sine")."""
+    from vispe.train import config as C
+    from vispe.train.detection import DetectionTask
+
+    cfg = lambda *o: C.load_config(ROOT / "configs/shapes_detr.yaml", list(o))  # noqa: E731
+    label = DetectionTask.label
+    assert label(cfg()) == "sine (dab, boxrpb)"
+    assert label(cfg("detr.dec_pe=rope_axial", "detr.box_bias=null")) == "sine (dab, dec_pe=rope_axial)"
+    assert label(cfg("detr.decoder=detr", "detr.box_bias=null")) == "sine"
+    assert label(cfg("detr.query_relation=relation")) == "sine (dab, boxrpb, relation)"
+    assert label(cfg("detr.decoder=detr", "detr.box_bias=null", "detr.pe_at={encoder: none, decoder: attn}",
+                     "detr.query_pos_at=input")) == "sine (pe_at=encoder:none,decoder:attn, query_pos_at=input)"
+    s = tmp_path / "det"
+    for seed, (lab, ap) in enumerate([("sine (dab, boxrpb)", 0.5), ("sine (dab, dec_pe=rope_axial)", 0.4)]):
+        run = make_run(s, "sine", seed, {32: ap, 48: ap / 2}, metric="AP", vary={"detr.box_bias": ["boxrpb", "null"][seed]})
+        summ = json.loads((run / "sine" / "summary.json").read_text())
+        (run / "sine" / "summary.json").write_text(json.dumps({**summ, "label": lab}))
+    text = report.write_report(s).read_text()
+    assert "| sine (dab, boxrpb) | 1 | 0.500 (1 seed) |" in text and "| sine (dab, dec_pe=rope_axial) | 1 |" in text
+    assert "box_bias=" not in text  # the label shows the design: no second [box_bias=...]
+

@@ -179,3 +179,32 @@ def test_merge_tables_keeps_runs_whose_folders_are_gone():
                                        "c_seed0": {"status": "finished", "value": 0.3, "n": 2},
                                        "d_seed0": {"status": "finished", "value": 0.4, "n": 2}}
     assert collect.merge_tables(None, fresh).equals(fresh) and collect.merge_tables(kept, fresh.iloc[:0]).equals(kept)
+
+
+def test_config_settings_follow_its_encoding_and_dry_run_builds_every_point(tmp_path, capsys):
+    """issue 41, item 1: shapes_detr.yaml's header command (`--pe none,sine`) runs `none` without the
+    file's sine settings (temperature 20), as train.compare does; settings given on the sweep's command
+    line apply to every point, and a point that cannot take them is refused by --dry-run, naming it."""
+    from vispe.train import config as C
+
+    detr = str(ROOT / "configs" / "shapes_detr.yaml")
+    out = tmp_path / "sw"
+    base = ["--config", detr, "--pe", "none,sine", "--seeds", "0", "--out", str(out), "--dry-run"]
+    assert cli.main(base) == 0
+    text = capsys.readouterr().out
+    assert "none runs without them" in text and "model built" in text and "none_seed0" in text
+    args = cli.parse_args(base)
+    plan = cli.plan(args)
+    assert plan.labels == {"none_seed0": "none (dab, boxrpb)", "sine_seed0": "sine (dab, boxrpb)"}  # item 6
+    points = {p.pe: p for p in plan.points}
+    cfg = {pe: C.load_config(detr, p.overrides(out)) for pe, p in points.items()}
+    assert dict(cfg["none"].model.pe_kwargs) == {} and dict(cfg["sine"].model.pe_kwargs) == {"temperature": 20}
+    for explicit in (["model.pe_kwargs.temperature=30"], ["--vary", "model.pe_kwargs.temperature=20,30"]):
+        assert cli.main([*base, *explicit]) == 2
+        err = capsys.readouterr().err
+        assert "cannot be built; nothing was run" in err and "model.pe_kwargs" in err and "takes no settings" in err
+        assert [line.split(":")[0].strip() for line in err.splitlines()[1:]] == \
+            ([f"none+temperature-{t}_seed0" for t in (20, 30)] if "--vary" in explicit else ["none_seed0"])
+    assert not out.exists()
+    assert cli.main(["--config", str(ROOT / "configs" / "shape_detr.yaml"), "--pe", "none", "--dry-run"]) == 2
+    assert "did you mean 'configs/shapes_detr.yaml'" in capsys.readouterr().err.replace(str(ROOT) + "/", "")

@@ -76,8 +76,21 @@ def test_yaml_file_keys_are_checked_too(tmp_path):
     f.write_text("train:\n  epochs: many\n")
     with pytest.raises(C.ConfigError, match=r"config key train.epochs='many' in .*bad.yaml: expected int"):
         C.load_config(f)
-    with pytest.raises(C.ConfigError, match="does not exist"):
+    with pytest.raises(C.ConfigError, match="does not exist$"):  # nothing near it: no suggestion
         C.load_config(tmp_path / "missing.yaml")
+
+
+def test_a_mistyped_config_path_gets_a_suggestion(tmp_path, monkeypatch):
+    """issue 41, item 10: the nearest file names in the path's folder and in the repository's configs/."""
+    (tmp_path / "exp_one.yaml").write_text("")
+    with pytest.raises(C.ConfigError, match=r"does not exist; did you mean '.*exp_one.yaml'\?$"):
+        C.load_config(tmp_path / "exp_on.yaml")
+    monkeypatch.chdir(ROOT)
+    for typo, want in (("configs/shape_detr.yaml", "'configs/shapes_detr.yaml'"),
+                       ("confgs/digits_cell.yaml", "'configs/digits_cell.yaml'"),
+                       ("configs/coco_detr.yml", "'configs/coco_detr.yaml'")):
+        with pytest.raises(C.ConfigError, match="did you mean " + re.escape(want)):
+            C.load_config(typo)
 
 
 def test_precedence_file_then_smoke_then_command_line(tmp_path):
@@ -118,3 +131,107 @@ def test_required_configs_exist():
     names = {p.stem for p in CONFIGS}
     assert {"default", "cifar10_vit", "digits_class", "digits_cell", "digits_relative",
             "digits_content_position"} <= names
+
+
+def header_commands(path: Path) -> list[list[str]]:
+    """The train.py commands of a config's header, as argument lists after ``train.py`` (a ``...``
+    line continues the first command with its own overrides; backslash lines are joined)."""
+    import shlex
+
+    lines = [line[1:].strip() for line in path.read_text().splitlines() if line.startswith("#   ")]
+    joined, cur = [], ""
+    for line in lines:
+        cur += " " + line
+        if not line.endswith("\\"):
+            joined.append(cur.replace("\\", " ").split(" #")[0].strip())
+            cur = ""
+    out, first = [], None
+    for cmd in joined:
+        if not cmd.startswith(("python ", "torchrun ", "... ")):
+            continue  # prose
+        words = shlex.split(cmd)
+        if "train.py" in words:
+            args = words[words.index("train.py") + 1:]
+            first = first or args
+            out.append(args)
+        elif words[:1] == ["..."]:
+            out.append([*first, *words[1:]])
+    return out
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_header_commands_that_train_different_things_use_different_run_folders(path):
+    """issue 41, item 6: shapes_detr.yaml's variant commands wrote into the default run's folder (then
+    refused: it holds a finished run). Commands with one run folder differ only in resumable keys."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_script_for_headers", ROOT / "train.py")
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    folders = {}
+    for argv in header_commands(path):
+        args = train.parse_args(argv)
+        if args.resume:
+            continue
+        cfg = C.load_config(ROOT / args.config if args.config else train.DEFAULT_CONFIG, args.overrides, smoke=args.smoke)
+        folders.setdefault(cfg.train.run_name, []).append((argv, cfg))
+    assert folders, path
+    for name, runs in folders.items():
+        for argv, cfg in runs[1:]:
+            differ = [k for k in C.diff(runs[0][1], cfg) if k not in C.RESUMABLE_KEYS]
+            assert not differ, f"{path.name}: {argv} trains another model ({differ}) into runs/{name}"
+
+
+def _header(config: str) -> str:
+    """The comment lines at the top of ``configs/<config>.yaml``, as one line of single spaces."""
+    lines = (ROOT / "configs" / f"{config}.yaml").read_text().splitlines()
+    return " ".join(" ".join(line.lstrip("#").split()) for line in lines if line.startswith("#"))
+
+
+def _flat(page: str) -> str:
+    return " ".join((ROOT / page).read_text().split())
+
+
+def test_documented_figures_of_config_runs_are_their_headers():
+    """issue 41, item 3: the README (now docs/training.md) said the shapes config takes "about 7 minutes
+    (AP 0.07 vs 0.02 ... after 24 epochs)" when its header said 16 epochs, 586 s and AP 0.512-0.553.
+    Each figure the documentation gives for a config's run is checked against the config's header (and
+    the config itself): the training page's sentence, every page's minutes for the shapes set, and the
+    results page's rows of the embedded tasks and of the default run."""
+    text = _flat("docs/training.md")
+    # the shapes config: minutes, seconds, AP and epochs as its header states them
+    (sentence,) = [s for s in re.split(r"(?<=\.) (?=[A-Z])", text) if "the shapes config" in s]
+    head = _header("shapes_detr")
+    seconds = int(re.search(r"Expected runtime: (\d+) s wall", head).group(1))
+    ap, std, seeds = re.search(r"([\d.]+) \+- ([\d.]+) / [\d.]+ \+- [\d.]+ after \d+ epochs", head).group(1, 2) + \
+        re.search(r"measured, (\d+) seeds", head).groups()
+    epochs = C.load_config(ROOT / "configs" / "shapes_detr.yaml").train.epochs
+    assert f"after {epochs} epochs" in head
+    assert int(re.search(r"about (\d+) minutes", sentence).group(1)) == round(seconds / 60), sentence
+    assert f"{seconds} s" in sentence and f"AP {ap} ± {std}" in sentence, sentence
+    assert re.findall(r"(\d+) epochs", sentence) == [str(epochs)] and f"{seeds} seeds" in sentence, sentence
+    command = re.search(r"`(time )?(python train\.py [^`]+)`", head).group(2)
+    assert f"`{command}`" in sentence  # the command the figure comes from
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    for page in pages:  # any other page's minutes for the shapes set (the guide's "about 7 minutes")
+        for said in re.findall(r"shapes[^.]*?about (\d+) minutes", " ".join(page.read_text().split())):
+            assert int(said) == round(seconds / 60), (page.name, said)
+    text = _flat("docs/results.md")
+    # the Results table's row of the embedded tasks: each example is its config's header at the training size
+    (row,) = [c for c in text.split("| ") if c.startswith("the four embedded tasks,")]
+    task, pairs = re.search(r"`(digits_\w+)`: ((?:\w+ [\d.]+(?:, )?)+)", row).groups()
+    head = _header(task)
+    sizes = [int(s) for s in re.search(r"test accuracy at ([\d / ]+) px", head).group(1).split(" / ")]
+    from vispe.data import dataset_info
+
+    cfg = C.load_config(ROOT / "configs" / f"{task}.yaml")
+    col = sizes.index(cfg.data.img_size or dataset_info(cfg.data.name, **cfg.data.kwargs).img_size)  # training size
+    for name, value in re.findall(r"(\w+) ([\d.]+)", pairs):
+        got = float(re.search(rf" {name} ((?:[\d.]+ / )+[\d.]+)", head).group(1).split(" / ")[col])
+        assert round(got, len(value.split(".")[1])) == float(value), (task, name, value, got)
+    # the default run's row: its ranges, as the default config's header and results/default_run.md give them
+    (row,) = [c for c in text.split("| ") if c.startswith("default run: `learned_abs`")]
+    ranges = re.findall(r"\d\.\d+-\d\.\d+", row)
+    assert len(ranges) == 2
+    for r in ranges:
+        assert r in _header("default") and r in (ROOT / "results" / "default_run.md").read_text(), r

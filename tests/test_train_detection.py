@@ -45,7 +45,7 @@ def setup(tmp_path_factory):
 
 
 def test_detection_run_writes_coco_metrics_pictures_and_a_comparison(setup):
-    tmp, _, _ = setup
+    tmp = setup[0]
     run = tmp / "runs" / "straight"
     summary = json.loads((run / "sine" / "summary.json").read_text())
     assert summary["primary"] == "AP" and summary["task"] == "detection" and summary["steps"] == 6
@@ -59,7 +59,11 @@ def test_detection_run_writes_coco_metrics_pictures_and_a_comparison(setup):
     assert (run / "sine" / "predictions" / "epoch_001.png").is_file()
     assert (run / "sine" / "predictions" / "epoch_002.png").stat().st_size > 0
     table = (run / "comparison.md").read_text()
-    assert "test AP @48px" in table and "| none |" in table and "| sine |" in table
+    # issue 41, item 6: a run is labelled by its design too (shapes_detr.yaml: DAB-DETR with BoxRPB)
+    assert "test AP @48px" in table and "| none (dab, boxrpb) |" in table and "| sine (dab, boxrpb) |" in table
+    assert summary["label"] == "sine (dab, boxrpb)"
+    final_line = setup[2].__globals__["final_line"]  # the console's last line of a run (train.py)
+    assert final_line(summary).startswith("[sine (dab, boxrpb)] final: AP@48px")
 
 
 def test_sigkill_then_resume_equals_uninterrupted(setup):
@@ -106,7 +110,7 @@ def test_ddp_two_processes_ap_equals_one_process(setup):
         # (the test loss is not compared: DETR divides it by the boxes of each batch, so it depends on
         # how the images are batched, which differs between two shards and one process)
         assert got["loss"] > 0 and one["loss"] > 0
-    assert proc.stdout.count("[sine] final:") == 1
+    assert proc.stdout.count("[sine (dab, boxrpb)] final:") == 1  # the label names the design (issue 41)
 
 
 def test_a_corrupt_image_mid_run_is_an_error_naming_it_and_keeps_what_was_written(tmp_path):

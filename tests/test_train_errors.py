@@ -223,6 +223,33 @@ def test_detr_build_errors_name_the_config_keys(tmp_path, capsys, mini_coco, ext
     assert not list(tmp_path.iterdir())  # refused before anything is written
 
 
+@pytest.mark.parametrize("key, value", [("detr.dec_pe", "rope"), ("model.pe", "rop"),
+                                        ("detr.decoder_kwargs.anchor_pe", "sinee")])
+def test_an_unknown_encoding_name_is_blamed_on_its_key(tmp_path, capsys, mini_coco, key, value):
+    """issue 41, item 7: detr.dec_pe=rope named model.pe (the file's 'sine') as the culprit."""
+    err = _fails(_detr(tmp_path, mini_coco, f"{key}={value}"), capsys, f"{key}={value!r}: unknown encoding {value!r}",
+                 "did you mean")
+    assert err.split("could not be built: ValueError: ", 1)[1].startswith(f"{key}={value!r}: unknown encoding")
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_resnet_without_weights_is_refused_unless_asked(tmp_path, capsys, mini_coco):
+    """issue 41, item 5: DETR's recipes (configs/coco_*.yaml) start from an ImageNet ResNet; without
+    detr.backbone_weights train.py refused nothing and trained a random one. ``random`` asks for it."""
+    small = ["detr.backbone=resnet18", "detr.backbone_widths=null", "detr.d_model=32", "detr.dim_feedforward=32"]
+    _fails(_detr(tmp_path, mini_coco, *small), capsys, "detr.backbone='resnet18' without detr.backbone_weights",
+           "detr.backbone_weights=/path/to/resnet18-f37072fd.pth", "detr.backbone_weights=random")
+    assert not list(tmp_path.iterdir())
+    cfg = C.load_config(ROOT / "configs/shapes_detr.yaml", [*small, "detr.backbone_weights=random"])
+    task = get_task(cfg.task)
+    info = task.info(C.load_config(ROOT / "configs/shapes_detr.yaml", ["data.name=coco", f"data.root={mini_coco}"]))
+    assert type(task.model(cfg, info, 48).backbone).__name__ == "ResNetBackbone"
+    for name in ("coco_detr", "coco_dab_detr", "coco_conditional_detr"):  # the recipes' headers say both ways
+        header = (ROOT / "configs" / f"{name}.yaml").read_text()
+        assert "detr.backbone_weights=/path/to/resnet50-0676ba61.pth" in header
+        assert "detr.backbone_weights=random" in header
+
+
 def test_a_grid_sized_encoding_builds_once_the_named_key_is_set(mini_coco):
     cfg = C.load_config(ROOT / "configs/shapes_detr.yaml", ["model.pe=learned_abs", "model.pe_kwargs={}",
                                                            "detr.grid=[6,6]"])

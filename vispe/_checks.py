@@ -93,8 +93,20 @@ def images(name: str, x, mask=None, *, in_chans: int | None = None, multiple_of:
     mask (True = padding) of x's batch and size with at least one valid pixel per image; with
     ``check_finite``, no NaN or inf pixel (padded pixels included: they go through the first layer).
     The checks of values (all-padding, finite) run in eager mode only: while torch.compile or
-    torch.export records the model they would be data-dependent branches.
+    torch.export records the model they would be data-dependent branches. Under torch.jit.trace
+    (and the legacy ONNX exporter, which traces) the sizes are traced values: the checks still
+    judge the example input, without a TracerWarning for each (the trace keeps no Python check).
     """
+    if torch.jit.is_tracing():
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            return _images(name, x, mask, in_chans=in_chans, multiple_of=multiple_of, check_finite=check_finite)
+    return _images(name, x, mask, in_chans=in_chans, multiple_of=multiple_of, check_finite=check_finite)
+
+
+def _images(name: str, x, mask, *, in_chans, multiple_of, check_finite) -> None:
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{name} is a {type(x).__name__}: expected a torch.Tensor (B, C, H, W)")
     if x.dim() != 4:

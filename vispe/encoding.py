@@ -78,19 +78,26 @@ class PositionEncoding(nn.Module):
     mask_aware: ClassVar[bool] = False
     #: the setting that makes an instance mask-aware when the class is not always (e.g. "mask_aware=True")
     mask_aware_option: ClassVar[str] = ""
+    #: arguments the example call of ``vispe.build``'s missing-argument error adds to the required ones,
+    #: for one that is needed in another form (``relpos_decomposed``: ``head_dim`` or ``dim``)
+    build_example: ClassVar[dict[str, str]] = {}
 
     def __init__(self) -> None:
         super().__init__()
         self._cache: OrderedDict[tuple[Any, ...], torch.Tensor] = OrderedDict()
 
     def cached(self, key: tuple[Any, ...], fn: Callable[[], torch.Tensor], max_items: int = 16) -> torch.Tensor:
-        """Memoise a table that does not learn, keyed by ``key`` (include h, w, device, dtype).
+        """Memoise a table that does not learn, keyed by ``key`` (include h, w, device, dtype) and
+        whether inference mode is on (added here: a table made under ``torch.inference_mode`` cannot
+        serve autograd later).
 
         Only for tables that do not learn: a learned table must be recomputed every step. Not
-        used while torch.compile / torch.export record (sizes may be symbolic, see ``vispe._tracing``).
+        used while torch.compile / torch.export record (sizes may be symbolic, see ``vispe._tracing``;
+        the key is not even built then: dynamo breaks the graph at ``torch.is_inference_mode_enabled``).
         """
         if _tracing.is_tracing():
             return fn()
+        key = (*key, torch.is_inference_mode_enabled())
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]

@@ -54,8 +54,44 @@ def suggest(name: str, n: int = 4) -> list[str]:
     return list(dict.fromkeys(parts + close))[:n]
 
 
+#: an example value of each argument a model passes to its encodings (for the error that names a missing one)
+_EXAMPLES = {"dim": "256", "head_dim": "32", "num_heads": "8", "grid": "(14, 14)"}
+
+
+def required_args(name: str) -> list[str]:
+    """The arguments ``build(name, ...)`` cannot do without (the constructor's parameters without a
+    default), e.g. ``["head_dim", "num_heads"]`` for ``rope_axial``. Inside a model (``create_vit``,
+    ``create_detr``) the model passes them (``build_in``)."""
+    params = inspect.signature(get(name)).parameters.values()
+    return [p.name for p in params if p.default is inspect.Parameter.empty
+            and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+
+
 def build(name: str, **kwargs: Any) -> PositionEncoding:
-    """Instantiate the encoding registered under ``name`` with ``kwargs``."""
+    """Instantiate the encoding registered under ``name`` with ``kwargs`` (``required_args(name)``
+    must be among them: a missing one is a ValueError saying what to pass)."""
+    missing = [a for a in required_args(name) if a not in kwargs]
+    if missing:
+        raise ValueError(_missing_message(name, missing, kwargs))
+    return _construct(name, kwargs)
+
+
+def _missing_message(name: str, missing: list[str], kwargs: dict[str, Any]) -> str:
+    need = required_args(name)
+    values = {a: repr(kwargs[a]) if a in kwargs else _EXAMPLES.get(a, "...") for a in need}
+    values.update({a: v for a, v in get(name).build_example.items() if a not in kwargs})
+    note = ""
+    if "head_dim" in missing and isinstance(kwargs.get("dim"), int):  # the model width is not the head's
+        heads = kwargs.get("num_heads", 8)
+        values["head_dim"] = str(kwargs["dim"] // heads) if isinstance(heads, int) and heads > 0 else "..."
+        note = f" (head_dim is each head's channels: dim // num_heads; dim={kwargs['dim']!r} alone does not say it)"
+    example = ", ".join(f"{a}={v}" for a, v in values.items())
+    return (f"encoding {name!r} needs {' and '.join(missing)} (missing; it requires {', '.join(need)}){note}: "
+            f"pass {'it' if len(missing) == 1 else 'them'}, e.g. vispe.build({name!r}, {example}); a model "
+            "(create_vit, create_detr) passes them itself")
+
+
+def _construct(name: str, kwargs: dict[str, Any]) -> PositionEncoding:
     cls = get(name)
     try:
         return cls(**kwargs)
@@ -72,7 +108,9 @@ def build_in(name: str, context: dict[str, Any], **kwargs: Any) -> PositionEncod
     params = inspect.signature(get(name)).parameters
     takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     ctx = {k: v for k, v in context.items() if takes_all or k in params}
-    return build(name, **{**ctx, **kwargs})
+    # a missing argument is the model's to name (e.g. DETR's grid: train.py says detr.grid), so it
+    # keeps Python's wording here, not build()'s advice on what to pass to vispe.build
+    return _construct(name, {**ctx, **kwargs})
 
 
 def available(family: str | None = None) -> list[str]:

@@ -25,13 +25,18 @@ def group_keys(df: pd.DataFrame) -> list[str]:
 
 
 def add_group(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` with a ``group`` column: the encoding, plus ``[key=value, ...]`` for varied keys."""
+    """``df`` with a ``group`` column: the run's label (the encoding; a detector's design with it,
+    e.g. ``sine (dab, boxrpb)``), plus ``[key=value, ...]`` for the other varied keys."""
+    from vispe.train.detection import DetectionTask  # the keys its label shows
+
     df = df.copy()
     keys = group_keys(df)
 
     def label(row) -> str:
-        extra = [f"{k.rsplit('.', 1)[-1]}={row[k]}" for k in keys if pd.notna(row[k])]
-        return str(row["encoding"]) + (f" [{', '.join(extra)}]" if extra else "")
+        labelled = pd.notna(row.get("label"))  # runs of older versions have none: the encoding and every key
+        extra = [f"{k.rsplit('.', 1)[-1]}={row[k]}" for k in keys
+                 if pd.notna(row[k]) and not (labelled and k in DetectionTask.LABEL_KEYS)]
+        return str(row["label"] if labelled else row["encoding"]) + (f" [{', '.join(extra)}]" if extra else "")
 
     df["group"] = df.apply(label, axis=1) if len(df) else pd.Series(dtype=str)
     return df
@@ -152,9 +157,15 @@ def status_lines(df: pd.DataFrame, sweep_dir: Path) -> list[str]:
     missing = runs[runs["status"] != "finished"]
     if missing.empty:
         return [f"All {len(runs)} runs finished."]
+    from vispe.sweep.collect import last_error
+
     lines = [f"{len(runs) - len(missing)} of {len(runs)} runs finished; not finished here (partial):"]
-    lines += [f"- `{r.run}`: {r.status}" for r in missing.itertuples()]
-    lines.append("Continue with the same sweep command(s) listed below: finished runs are skipped, "
+    for r in missing.itertuples():
+        err = last_error(Path(sweep_dir) / r.run) if r.status == "failed" else None
+        lines.append(f"- `{r.run}`: {r.status}" + (f": `{err}`" if err else ""))
+    failed = "Failed runs stop again until their cause is fixed (their train.log says why); then c" \
+        if (missing["status"] == "failed").any() else "C"
+    lines.append(f"{failed}ontinue with the same sweep command(s) listed below: finished runs are skipped, "
                  "interrupted ones resume from their checkpoints.")
     return lines
 

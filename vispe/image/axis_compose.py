@@ -157,7 +157,7 @@ class Axis2dEncoding(AdditiveBase):
         (h, w), mask, device, dtype = self._inputs(shape, mask, device, dtype, default)
         if self.row is not None or (mask is not None and self.mask_aware):
             return self._output(self._table((h, w), mask, device), mask, dtype)
-        key = (h, w, device, dtype, torch.is_inference_mode_enabled())
+        key = (h, w, device, dtype)
         return self._output(self.cached(key, lambda: self._table((h, w), None, device).to(dtype)), mask, dtype)
 
     def _table(self, shape, mask, device) -> torch.Tensor:  # (B|1, h*w, dim) float32

@@ -87,8 +87,13 @@ class FourierEncoding(AdditiveBase):
         if learnable:
             self.freqs = nn.Parameter(fixed)
         # fixed B: a plain attribute (not a buffer: never saved, never cast by .to(dtype)); drawn once
-        # here, so torch.export records a constant, not the random generator
-        self._fixed_freqs = None if learnable else fixed
+        # here, so torch.export records a constant, not the random generator; its size is marked
+        # static, or torch.compile(dynamic=True) would share a symbol with an image side of the same
+        # length (duck sizing) and recompile at the next image size
+        self._fixed_freqs = None
+        if not learnable:
+            torch._dynamo.mark_static(fixed)
+            self._fixed_freqs = fixed
         self.mlp = None
         if _checks.positive_int("mlp_dim", mlp_dim, allow_zero=True):
             self.mlp = nn.Sequential(nn.Linear(dim, mlp_dim), nn.GELU(), nn.Linear(mlp_dim, dim))
@@ -110,7 +115,7 @@ class FourierEncoding(AdditiveBase):
         (h, w), mask, device, dtype = self._inputs(shape, mask, device, dtype)
         if (mask is not None and self.mask_aware) or self.freqs is not None or self.mlp is not None:
             return self._output(self._table((h, w), mask, device), mask, dtype)  # learns or per-image
-        key = (h, w, device, dtype, torch.is_inference_mode_enabled())
+        key = (h, w, device, dtype)
         return self._output(self.cached(key, lambda: self._table((h, w), None, device).to(dtype)), mask, dtype)
 
     def at(self, coords, extent=None, *, dtype=None) -> torch.Tensor:  # (B|1, N, dim)

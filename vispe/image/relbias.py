@@ -66,7 +66,7 @@ class RelBias(BiasBase):
     "bilinear"), and ``dim`` / ``head_dim`` (checked only).
     """
 
-    def __init__(self, num_heads: int, num_prefix_tokens: int = 0, *, grid=None,
+    def __init__(self, num_heads: int, num_prefix_tokens: int = 0, *, grid,
                  resize_mode: str = "bicubic", dim: int | None = None, head_dim: int | None = None) -> None:
         if grid is None:
             raise ValueError("grid=None: expected the (h, w) window the relative table is built for")

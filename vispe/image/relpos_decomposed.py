@@ -31,6 +31,8 @@ truncated normal instead). Float32 math, cast at the end.
 """
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -95,7 +97,9 @@ class RelPosDecomposed(BiasBase):
         init_std: 0 (default) zero tables as SAM; > 0 a truncated normal of that std.
     """
 
-    def __init__(self, num_heads: int, num_prefix_tokens: int = 0, *, grid=None, dim: int | None = None,
+    build_example: ClassVar[dict[str, str]] = {"head_dim": "32"}  # head_dim or dim: vispe.build's hint
+
+    def __init__(self, num_heads: int, num_prefix_tokens: int = 0, *, grid, dim: int | None = None,
                  head_dim: int | None = None, init_std: float = 0.0) -> None:
         if grid is None:
             raise ValueError("grid=None: expected the (h, w) grid the relative tables are built for")

@@ -97,7 +97,7 @@ class SineEncoding(AdditiveBase):
         (h, w), mask, device, dtype = self._inputs(shape, mask, device, dtype)
         if mask is not None:
             return self._output(self._table(mask.to(device)), mask, dtype)
-        key = (h, w, device, dtype, torch.is_inference_mode_enabled())
+        key = (h, w, device, dtype)
         all_valid = torch.zeros(1, h, w, dtype=torch.bool, device=device)  # (1, h, w)
         return self.cached(key, lambda: self._table(all_valid).to(dtype))
 
@@ -137,7 +137,7 @@ class SineEncoding(AdditiveBase):
                 raise ValueError(f"extent ({h:g}, {w:g}) with center=True: expected whole numbers of cells >= 1 "
                                  "(the grid whose mean is subtracted)")
             h, w = int(h), int(w)
-            key = ("mean", h, w, n.device, torch.is_inference_mode_enabled())
+            key = ("mean", h, w, n.device)
             valid = torch.zeros(1, h, w, dtype=torch.bool, device=n.device)  # (1, h, w)
             rows.append(self.cached(key, lambda: self._table(valid, center=False).mean(1, keepdim=True)))  # (1, 1, dim)
         return torch.cat(rows)  # (B|1, 1, dim)

@@ -234,7 +234,14 @@ def _traced(x, cos, sin, angles, layout):
     into views of one ``empty`` buffer fail in Inductor once sizes are symbolic (at a second image
     size, or with ``dynamic=True``: ``InductorError: mul expected 2 arguments, got 3``, torch 2.14,
     even without the autograd Function); the compiler fuses this expression into one loop anyway."""
-    if angles is not None:
-        cos, sin = rope_tables(angles)
-    return _rotate_math(x.to(cos.dtype), cos.detach() if angles is None else cos,
-                        sin.detach() if angles is None else sin, layout, 1.0).to(x.dtype)
+    if angles is None:
+        return _rotate_math(x.to(cos.dtype), cos.detach(), sin.detach(), layout, 1.0).to(x.dtype)
+    cos, sin = rope_tables(angles)
+    # learned angles: autograd saves both halves of x for their gradient. As views of the qkv
+    # projection their strides are symbolic expressions Inductor lays out otherwise, and AOT autograd
+    # then compiles the backward for the first size's strides (torch 2.14: a stride assertion fails
+    # at the next size, with dynamic=True); contiguous copies have the layout Inductor gives them.
+    x1, x2 = (t.contiguous() for t in _halves(x.to(cos.dtype), layout))
+    o1, o2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    out = torch.cat([o1, o2], dim=-1) if layout == "half" else torch.stack([o1, o2], dim=-1).flatten(-2)
+    return out.to(x.dtype)

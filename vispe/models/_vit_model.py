@@ -45,7 +45,7 @@ from vispe import _checks, _tracing
 from vispe.attention import Attention, PosContext
 from vispe.models._timm_keys import TimmPosEmbedKeys
 from vispe.models._token_loop import TokenLoop
-from vispe.models._vit_inputs import check_images, masked_pool, patch_mask
+from vispe.models._vit_inputs import check_images, embed_patches, masked_pool, patch_mask
 from vispe.registry import build_in, get
 
 #: small ViTs for CIFAR-sized images, by name (timm names work too)
@@ -138,7 +138,7 @@ class VispeViT(TokenLoop, TimmPosEmbedKeys, VisionTransformer):
         B, _, H, W = x.shape
         ps = self.patch_embed.patch_size
         h, w = H // ps[0], W // ps[1]
-        x = self.patch_embed(x).reshape(B, h * w, -1)  # (B, N, C)
+        x = embed_patches(self.patch_embed, x).reshape(B, h * w, -1)  # (B, N, C)
         grid_mask = None if mask is None else patch_mask(mask, ps)  # (B, h, w)
         prefix = [t.expand(B, -1, -1) for t in self._prefix_params() if t is not None]
         prefix = torch.cat(prefix, dim=1) if prefix else x[:, :0]  # (B, P, C)

@@ -41,6 +41,7 @@ from vispe.image.learned_abs import resample_grid_table
 from vispe.image.rope_mixed import from_rope_vit_freqs
 from vispe.models._timm_keys import TimmPosEmbedKeys
 from vispe.models._token_loop import TokenLoop
+from vispe.models._vit_inputs import embed_patches
 from vispe.registry import build_in, get
 
 
@@ -190,7 +191,7 @@ class VispeEva(TokenLoop, TimmPosEmbedKeys, Eva):
                        check_finite=self.check_finite)  # the ViT's rules
         B, _, H, W = x.shape
         h, w = H // ph, W // pw
-        x = self.patch_embed(x).reshape(B, h * w, -1)  # (B, N, C), NHWC or flattened
+        x = embed_patches(self.patch_embed, x).reshape(B, h * w, -1)  # (B, N, C), NHWC or flattened
         grid_mask = None
         if mask is not None:
             grid_mask = resize_mask(mask, (h, w))  # (B, h, w)

@@ -15,10 +15,10 @@ __all__ = ["BACKBONES", "PADDINGS", "build_backbone", "small_vgg", "resnet18_sta
            "INPUTS", "make_inputs", "flat", "mae", "rank", "spc", "ProbeSettings", "ReadoutProbe",
            "evaluate_probe", "fit_probe", "stack_features", "ExperimentConfig", "SCALES", "config_for",
            "ProbeResult",
-           "probe_backbone", "probe_model", "run_experiment", "summary", "TARGETS", "target_map",
+           "notebook_log", "probe_backbone", "probe_model", "run_experiment", "summary", "TARGETS", "target_map",
            "target_stack", "VIT_ENCODINGS", "build_vit_backbone", "parse_vit_spec"]
 
-_RUNNER = ("ExperimentConfig", "SCALES", "config_for", "ProbeResult", "probe_backbone", "probe_model",
+_RUNNER = ("ExperimentConfig", "SCALES", "config_for", "ProbeResult", "notebook_log", "probe_backbone", "probe_model",
            "run_experiment", "summary")
 
 

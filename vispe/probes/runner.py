@@ -16,6 +16,7 @@ what the architecture alone lets through, as in the paper's randomisation experi
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,10 +148,21 @@ def _models(cfg: ExperimentConfig, seed: int):
                                                  preset=cfg.vit_preset, seed=seed)), True
 
 
+def notebook_log(message: str) -> None:
+    """``run_experiment``'s ``log`` in a notebook: the line in the cell's output, and on the kernel's
+    own stderr, which is the terminal of ``python -m jupyter execute`` (it shows no cell output while
+    it runs)."""
+    print(message, flush=True)
+    if sys.__stderr__ is not None and sys.__stderr__ is not sys.stderr:
+        print(message, file=sys.__stderr__, flush=True)
+
+
 def run_experiment(cfg: ExperimentConfig | None = None, out_csv=None, log=print) -> pd.DataFrame:
-    """Run the sweep of ``cfg``; return (and write to ``out_csv`` if given) the tidy table."""
+    """Run the sweep of ``cfg``; return (and write to ``out_csv`` if given) the tidy table. ``log``
+    (None: silent) gets one line per probe, ``[k/n]`` first: how far the sweep is."""
     cfg = cfg or ExperimentConfig()
     rows = []
+    total, done = len(cfg.seeds) * sum(1 for _ in _models(cfg, 0)) * len(cfg.inputs), 0
     for seed in cfg.seeds:
         for backbone, encoding, padding, factory, per_level in _models(cfg, seed):
             model = factory()
@@ -167,9 +179,11 @@ def run_experiment(cfg: ExperimentConfig | None = None, out_csv=None, log=print)
                             backbone_init="random", image_size=cfg.image_size, probe_size=cfg.probe_size,
                             n_train=cfg.n_train, n_test=cfg.n_test, **cfg.probe.as_row(),
                             seconds=round(seconds, 2)))
+                done += 1
                 if log:
                     spc = " ".join(f"{t}={v:+.2f}" for t, v in zip(cfg.targets, results[-1].spc.tolist()))
-                    log(f"{backbone:8s} {encoding:10s} {padding:9s} {kind:8s} seed={seed} {seconds:5.1f}s  SPC {spc}")
+                    log(f"[{done}/{total}] {backbone:8s} {encoding:10s} {padding:9s} {kind:8s} seed={seed} "
+                        f"{seconds:5.1f}s  SPC {spc}")
     df = pd.DataFrame(rows)
     if out_csv is not None:
         Path(out_csv).parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,12 @@ Each grid point is one run folder ``<out>/<encoding>[+key-value]_seed<k>/`` made
 one resumes from its checkpoint, so running the same command again continues a sweep. After each
 point the tidy table ``<out>/results.csv`` is rewritten (vispe.sweep.collect); ``<out>/sweep.json``
 records every invocation (command, git commit, machine, start and end).
+
+Before anything runs, every point's config is loaded and its model built (``--dry-run`` stops
+there). The config file's ``model.pe_kwargs`` belong to its ``model.pe``: points of other encodings
+run without them (``model.pe_kwargs={}``), as train.compare's baselines do; settings given on the
+sweep's command line (``model.pe_kwargs.<key>=...`` or ``--vary``) apply to every point, and a point
+whose encoding cannot take them is refused.
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from vispe.sweep import collect as K, grid as G, launch as L, provenance as P
 
@@ -35,7 +42,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="local: one run after another here; slurm: submitit jobs on a Slurm cluster; "
                         "submitit-local: submitit's local executor (tests the cluster path without one)")
     p.add_argument("--threads", type=int, default=None, help="OMP/MKL threads per run (default: inherited)")
-    p.add_argument("--dry-run", action="store_true", help="print the points and their state; run nothing")
+    p.add_argument("--dry-run", action="store_true", help="check every point (its config loaded, its model built) and print its state; "
+                                                               "run nothing")
     p.add_argument("--no-wait", action="store_true", help="submitit: submit and return without waiting")
     g = p.add_argument_group("submitit / Slurm")
     g.add_argument("--partition", default=None)
@@ -52,14 +60,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_intermixed_args(argv)
 
 
-def plan(args) -> tuple[Path, Path, list, list[str]]:
-    """Check everything before any run starts: (config, sweep folder, points, overrides)."""
+class Plan(NamedTuple):
+    config: Path
+    out: Path  # the sweep folder
+    points: list
+    overrides: list[str]  # the command line's, for every point
+    notes: list[str]  # printed before anything runs
+    labels: dict[str, str]  # point name -> its label (the task's: a detector's design included)
+
+
+def plan(args) -> Plan:
+    """Check everything before any run starts: config, sweep folder, points, overrides, notes, labels.
+
+    Every point's config is loaded and its model built once (from the data set's description; no
+    data is read), so a point that cannot run fails here, for the whole sweep, dry run included.
+    """
     import vispe
     from vispe.train import config as C
+    from vispe.train.runner import check_model
+    from vispe.train.tasks import get_task
 
-    config = Path(args.config).resolve()
+    config = Path(args.config)
     if not config.is_file():
-        raise ValueError(f"--config {args.config!r}: no such file")
+        raise ValueError(f"--config {args.config!r}: no such file{C.path_hint(args.config)}")
+    config = config.resolve()
     pes = G.split_list(args.pe, "--pe")
     unknown = [pe for pe in pes if pe not in vispe.available()]
     if unknown:
@@ -69,11 +93,34 @@ def plan(args) -> tuple[Path, Path, list, list[str]]:
         raise ValueError(f"--pe: unknown encoding(s) {', '.join(unknown)}{hints}; expected names from "
                          f"{', '.join(vispe.available())}")
     G.check_overrides(args.overrides)
-    points = G.expand(pes, G.parse_seeds(args.seeds), G.parse_vary(args.vary))
+    vary = G.parse_vary(args.vary)
+    base = C.load_config(config, args.overrides)
+    own = dict(base.model.pe_kwargs)
+    follows_file = bool(own) and not G.sets_pe_kwargs(args.overrides, vary)
+    points = G.expand(pes, G.parse_seeds(args.seeds), vary, settings_of=base.model.pe if follows_file else None)
+    notes = []
+    dropped = sorted({pt.pe for pt in points if pt.drop_pe_kwargs})
+    if dropped:
+        notes.append(f"model.pe_kwargs={own} of {config.name} belong to its model.pe={base.model.pe!r}: "
+                     f"{', '.join(dropped)} run{'s' if len(dropped) == 1 else ''} without them, as train.compare's "
+                     "baselines do (to give every point a setting, set it here: model.pe_kwargs.<key>=<value>)")
     out = Path(args.out or Path("runs") / "sweeps" / config.stem).resolve()
+    failed, built, labels = [], {}, {}
     for pt in points:  # a misspelt key or a wrong type fails here, for the whole sweep
-        C.load_config(config, [*args.overrides, *pt.overrides(out)])
-    return config, out, points, list(args.overrides)
+        cfg = C.load_config(config, [*args.overrides, *pt.overrides(out)])
+        labels[pt.name] = get_task(cfg.task).label(cfg)
+        key = (pt.pe, pt.vary, pt.drop_pe_kwargs)  # the seed builds the same model
+        if key not in built:
+            try:
+                check_model(cfg)
+                built[key] = None
+            except ValueError as e:
+                built[key] = str(e)
+                failed.append(f"{pt.name}: {e}")
+    if failed:
+        raise ValueError(f"{len(failed)} of {len(built)} distinct points cannot be built; nothing was run:\n  " +
+                         "\n  ".join(failed))
+    return Plan(config, out, points, list(args.overrides), notes, labels)
 
 
 def point_state(folder: Path, epochs: int) -> str:
@@ -99,10 +146,12 @@ def _write_point(folder: Path, pt, config: Path, overrides: list[str], commit: s
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        config, out, points, overrides = plan(args)
+        config, out, points, overrides, notes, labels = plan(args)
     except ValueError as e:
         print(f"vispe.sweep: error: {e}", file=sys.stderr)
         return 2
+    for note in notes:
+        print(f"note: {note}", flush=True)
     from vispe.train import config as C
 
     epochs = C.load_config(config, overrides).train.epochs
@@ -112,6 +161,7 @@ def main(argv=None) -> int:
     print(f"sweep {out}: {len(points)} points, {len(points) - len(todo)} finished or running, {len(todo)} to run",
           flush=True)
     if args.dry_run:
+        print("every point's config loaded and its model built (nothing run, no data read)")
         for pt in points:
             print(f"  {pt.name:40s} {states[pt.name]}")
         return 0
@@ -124,7 +174,7 @@ def main(argv=None) -> int:
     log = _append_invocation(out, record)
     jobs = []
     for pt in todo:
-        _write_point(out / pt.name, pt, config, overrides, commit, command=command.strip())
+        _write_point(out / pt.name, pt, config, overrides, commit, command=command.strip(), label=labels[pt.name])
         jobs.append((pt.name, L.train_argv(config, [*overrides, *pt.overrides(out)]), out / pt.name))
     env = {k: str(args.threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")} if args.threads else {}
     by_name = {pt.name: pt for pt in points}
@@ -150,7 +200,12 @@ def main(argv=None) -> int:
     done = sum(pt.name in finished for pt in points)
     print(f"sweep {out}: {done} of {len(points)} points finished; table {out / K.RESULTS_FILE}", flush=True)
     if failed:
-        print(f"failed: {', '.join(failed)} (see each folder's train.log; rerun the command to resume)", file=sys.stderr)
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        for name in failed:
+            print(f"  {name}: {K.last_error(out / name) or 'no error line'} (in {out / name / 'train.log'})",
+                  file=sys.stderr)
+        print("fix the cause, then rerun the command: finished points are skipped, interrupted ones resume",
+              file=sys.stderr)
     if stopped:
         print(f"stopped: {', '.join(stopped)}; rerun the command to resume", file=sys.stderr)
         return L.STOPPED

@@ -1,6 +1,7 @@
 """Collect a sweep folder into one tidy table: one row per (run, evaluation size).
 
-Columns: ``run``, ``status`` (finished / unfinished / failed / not started), ``encoding``, ``seed``, one
+Columns: ``run``, ``status`` (finished / unfinished / failed / not started), ``encoding``, ``label`` (the
+encoding, and a detector's design where it is not DETR's own: ``sine (dab, boxrpb)``), ``seed``, one
 column per override and per ``--vary`` key (named by the dotted key), ``task``, ``data``, ``model``,
 ``metric`` (the task's primary metric, e.g. ``acc`` or ``AP``), ``train_size``, ``eval_size``,
 ``scale``, ``is_train_size``, ``value`` (the primary metric at that size), every other metric the
@@ -27,6 +28,24 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
+def last_error(folder: Path) -> str | None:
+    """The last error line train.py wrote to ``<folder>/train.log`` (``train.py: error: ...`` or a
+    traceback's last line), or None."""
+    try:
+        lines = (Path(folder) / "train.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if line.startswith("train.py: error:") or line.startswith(("Traceback", "$ ")):
+            break
+    else:
+        return None
+    if line.startswith("train.py: error:"):
+        return line.strip()
+    tail = [x for x in lines[lines.index(line):] if x.strip()]
+    return tail[-1].strip() if line.startswith("Traceback") and len(tail) > 1 else None
+
+
 def run_status(folder: Path, point: dict | None) -> str:
     from vispe.train import rundir
 
@@ -44,7 +63,8 @@ def run_rows(folder: Path) -> list[dict]:
     top = _read_json(folder / "summary.json") or {}
     status = run_status(folder, point)
     pe = point.get("pe") or next(iter(top.get("encodings", {})), None)
-    base = {"run": folder.name, "status": status, "encoding": pe, "seed": point.get("seed")}
+    base = {"run": folder.name, "status": status, "encoding": pe, "label": point.get("label"),
+            "seed": point.get("seed")}  # label: None for runs of older versions (report: the encoding)
     for o in point.get("overrides", []):
         key, _, value = o.partition("=")
         base[key] = value
@@ -53,6 +73,7 @@ def run_rows(folder: Path) -> list[dict]:
     if status != "finished" or not summ:
         return [{**base, "commit": point.get("commit")}]
     metric = summ["primary"]
+    base["label"] = summ.get("label", base["label"])
     base.update({"task": summ.get("task"), "data": summ.get("data"), "model": summ.get("model"), "metric": metric,
                  "train_size": summ.get("train_img_size")})
     run = {k: summ.get(k) for k in _RUN_KEYS}

@@ -26,6 +26,8 @@ class Point:
     pe: str
     seed: int
     vary: tuple = field(default_factory=tuple)
+    #: run without the config file's ``model.pe_kwargs`` (they belong to the file's own ``model.pe``)
+    drop_pe_kwargs: bool = False
 
     @property
     def name(self) -> str:
@@ -35,7 +37,8 @@ class Point:
 
     def overrides(self, sweep_dir: Path) -> list[str]:
         """The overrides that make train.py run this point in ``<sweep_dir>/<name>``."""
-        return [f"model.pe={self.pe}", f"train.seed={self.seed}", "train.compare=[]",
+        return [f"model.pe={self.pe}", *(["model.pe_kwargs={}"] if self.drop_pe_kwargs else []),
+                f"train.seed={self.seed}", "train.compare=[]",
                 f"train.out_dir={sweep_dir}", f"train.run_name={self.name}", "train.progress=false",
                 *(f"{k}={v}" for k, v in self.vary)]
 
@@ -101,12 +104,24 @@ def check_overrides(overrides: list[str]) -> None:
         check_key_free(key, f"override {o!r}")
 
 
-def expand(pes: list[str], seeds: list[int], vary: list[tuple[str, list[str]]] = ()) -> list[Point]:
-    """Every grid point, seed-major; duplicate encodings are dropped (first kept)."""
+def sets_pe_kwargs(overrides: list[str], vary: list[tuple[str, list[str]]] = ()) -> bool:
+    """Whether the sweep's command line sets ``model.pe_kwargs`` (whole or one key), in an override or
+    a ``--vary`` axis: then the settings apply to every point (and a point that cannot take them is
+    refused); otherwise the config file's settings follow the file's own encoding (``expand``)."""
+    keys = [o.partition("=")[0].strip() for o in overrides] + [k for k, _ in vary]
+    return any(k == "model.pe_kwargs" or k.startswith("model.pe_kwargs.") for k in keys)
+
+
+def expand(pes: list[str], seeds: list[int], vary: list[tuple[str, list[str]]] = (),
+           settings_of: str | None = None) -> list[Point]:
+    """Every grid point, seed-major; duplicate encodings are dropped (first kept). ``settings_of``:
+    the encoding that the config file's ``model.pe_kwargs`` belong to (its ``model.pe``); points of
+    any other encoding run without them, as ``train.compare``'s baselines do (None: keep them all)."""
     if len(set(pes)) != len(pes):
         pes = list(dict.fromkeys(pes))
     combos = list(itertools.product(*[[(k, v) for v in values] for k, values in vary]))
-    points = [Point(pe, seed, tuple(combo)) for seed in seeds for combo in combos for pe in pes]
+    points = [Point(pe, seed, tuple(combo), settings_of is not None and pe != settings_of)
+              for seed in seeds for combo in combos for pe in pes]
     names = [p.name for p in points]
     if len(set(names)) != len(names):  # e.g. values differing only by characters replaced in the name
         dup = sorted({n for n in names if names.count(n) > 1})

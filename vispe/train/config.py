@@ -137,7 +137,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), *, sm
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
+            raise ConfigError(f"config file {str(path)!r} does not exist{path_hint(path)}")
         try:
             loaded = OmegaConf.load(path)
         except Exception as e:
@@ -155,6 +155,25 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), *, sm
         cfg.train.run_name = stem + ("_smoke" if smoke else "")
     validate(cfg)
     return cfg
+
+
+def path_hint(path: str | Path) -> str:
+    """``"; did you mean 'configs/shapes_detr.yaml'?"`` for a mistyped config path: the closest file
+    names in its folder (when that folder exists) and in the repository's ``configs/``; else ``""``."""
+    path = Path(path)
+    folders = {f.resolve(): f for f in (path.parent, Path(__file__).resolve().parents[2] / "configs") if f.is_dir()}
+    near = []
+    for real, folder in folders.items():
+        names = [f.name for f in real.iterdir() if f.suffix in (".yaml", ".yml")]
+        for name in difflib.get_close_matches(path.name, names, n=2, cutoff=0.75):
+            found = folder / name
+            try:  # as the user would type it: relative to the working folder when under it
+                found = found.resolve().relative_to(Path.cwd())
+            except ValueError:
+                pass
+            near.append(str(found))
+    near = list(dict.fromkeys(near))[:3]
+    return f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
 
 
 def _replaced_dicts(cfg: DictConfig, overrides) -> DictConfig:

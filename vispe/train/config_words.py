@@ -8,6 +8,9 @@
 * an encoding's unknown setting (``encoding 'learned_abs': ... unexpected keyword argument
   'temperature'``) becomes the key of that encoding's settings (``model.pe_kwargs.temperature``);
 * a missing argument that the config has a key for ends with what to set.
+
+``check_encodings`` names the config key of an unknown encoding name before anything is built (the
+registry's error knows the name, not which of ``model.pe``, ``detr.dec_pe``... gave it).
 """
 from __future__ import annotations
 
@@ -38,3 +41,16 @@ def reword(message: str, keys: dict[str, str], settings: dict[str, str] | None =
         message += "; set " + " and ".join(f"{k}=..." for k in todo) + " in the config or on the command line"
     extra = [h for k, h in (hints or {}).items() if k in message]
     return message + "".join(f" ({h})" for h in extra)
+
+
+def check_encodings(names: dict[str, str | None]) -> None:
+    """``{config key: encoding name or None}``: a ValueError naming the key of the first unknown name."""
+    from vispe.registry import get
+
+    for key, name in names.items():
+        if name is None:
+            continue
+        try:
+            get(name)
+        except ValueError as e:
+            raise ValueError(f"{key}={name!r}: {e}") from None

@@ -1,7 +1,7 @@
 """The detection task of train.py: a DETR-style detector on COCO-format data, scored by COCOeval.
 
     python train.py --config configs/shapes_detr.yaml           # embedded set, written on first use
-    python train.py --config configs/coco_detr.yaml data.root=/data/coco
+    python train.py --config configs/coco_detr.yaml data.root=/data/coco detr.backbone_weights=/path/to/resnet50-0676ba61.pth
 
 ``task.name: detection`` plugs into the generic loop of ``vispe.train.engine`` (see
 ``vispe.train.tasks`` for the interface): batches are ``(images (B, 3, H, W), mask (B, H, W)
@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
-from vispe.train.config_words import reword
+from vispe.train.config_words import check_encodings, reword
 
 LOSS_KEYS = ("loss", "loss_ce", "loss_bbox", "loss_giou")
 #: create_detr's arguments that are not detr.* keys, by config key (the errors name the keys)
@@ -32,6 +32,14 @@ HINTS = {"detr.grid": "detr.grid=[h, w] is the backbone's feature grid the table
                       "divided by its stride, e.g. [8, 8] for 64 px at stride 8",
          "detr.backbone_widths": "detr.backbone_widths=null leaves it unset",
          "model.pe_kwargs": "model.pe_kwargs={} replaces the settings the config file gives"}
+
+
+#: ``detr.backbone_weights`` value that asks for a ResNet from random weights (train.py refuses a
+#: ResNet without weights unless asked: DETR's recipes assume ImageNet weights)
+RANDOM_WEIGHTS = "random"
+#: torchvision's ImageNet files (the names DETR's and torchvision's docs use)
+RESNET_FILES = {"resnet18": "resnet18-f37072fd.pth", "resnet34": "resnet34-b627a593.pth",
+                "resnet50": "resnet50-0676ba61.pth", "resnet101": "resnet101-63fe2227.pth"}
 
 
 class DetectionTask:
@@ -64,6 +72,27 @@ class DetectionTask:
             raise ConfigError(f"config keys task.vis_images={cfg.task.vis_images}, task.size_divisibility="
                               f"{cfg.task.size_divisibility}: expected vis_images >= 0 and size_divisibility >= 1 or null")
 
+    #: the detr.* keys that ``label`` shows when they are not DETR's defaults
+    LABEL_KEYS = ("detr.decoder", "detr.dec_pe", "detr.box_bias", "detr.query_relation", "detr.pe_at",
+                  "detr.query_pos_at")
+
+    @staticmethod
+    def label(cfg: DictConfig) -> str:
+        """The encoding, then the design where it is not DETR's own: ``sine (dab, boxrpb)``,
+        ``sine (dab, dec_pe=rope_axial)``, ``sine (dab, boxrpb, relation)``, ``sine (pe_at=input)``;
+        plain DETR is ``sine``."""
+        d = cfg.detr
+        pe_at = OmegaConf.to_container(d.pe_at) if OmegaConf.is_config(d.pe_at) else d.pe_at
+        parts = [d.decoder if d.decoder != "detr" else None,
+                 f"dec_pe={d.dec_pe}" if d.dec_pe is not None else None,
+                 d.box_bias,
+                 d.query_relation,
+                 None if pe_at == "attn" else "pe_at=" + (",".join(f"{k}:{v}" for k, v in pe_at.items())
+                                                          if isinstance(pe_at, dict) else str(pe_at)),
+                 f"query_pos_at={d.query_pos_at}" if d.query_pos_at != "attn" else None]
+        parts = [p for p in parts if p]
+        return f"{cfg.model.pe} ({', '.join(parts)})" if parts else cfg.model.pe
+
     # --- data ----------------------------------------------------------------------------------------
     def info(self, cfg: DictConfig):
         from vispe.data.detection import detection_info
@@ -85,6 +114,10 @@ class DetectionTask:
         from vispe.models.detr import HungarianMatcher, SetCriterion, create_detr
 
         t, m = cfg.task, OmegaConf.to_container(cfg.detr, resolve=True)
+        check_encodings({"model.pe": cfg.model.pe, "detr.dec_pe": m["dec_pe"],
+                         "detr.decoder_kwargs.anchor_pe": (m["decoder_kwargs"] or {}).get("anchor_pe")})
+        if m["backbone_weights"] == RANDOM_WEIGHTS:  # asked for (check_config refuses a ResNet without weights)
+            m["backbone_weights"] = None
         try:
             model = create_detr(info.num_classes, pe=cfg.model.pe, pe_kwargs=dict(cfg.model.pe_kwargs),
                                 **{k: (tuple(v) if k in ("grid", "backbone_widths") and v is not None else v)
@@ -92,6 +125,7 @@ class DetectionTask:
         except (TypeError, ValueError) as e:  # worded by argument: name the config keys instead
             settings = {**({m["dec_pe"]: "detr.dec_pe_kwargs"} if m["dec_pe"] else {}), cfg.model.pe: "model.pe_kwargs"}
             raise ValueError(reword(str(e), {**{k: f"detr.{k}" for k in m}, **MODEL_KEYS}, settings, HINTS)) from e
+        _check_backbone_weights(cfg)  # after the build, so that its option errors come first
         focal = dict(focal_alpha=t.focal_alpha, focal_gamma=t.focal_gamma) if model.class_head == "sigmoid" else {}
         matcher = HungarianMatcher(t.cost_class, t.cost_bbox, t.cost_giou, **focal)
         self.criterion = SetCriterion(info.num_classes, matcher, eos_coef=t.eos_coef, weight_ce=t.weight_ce,
@@ -162,6 +196,19 @@ class DetectionTask:
         if self.cfg.vis_images:
             draw_predictions(model, dataset, path, device=device, collate_fn=self.collate_fn, info=self.info_,
                              n=self.cfg.vis_images, score=self.cfg.vis_score)
+
+
+def _check_backbone_weights(cfg: DictConfig) -> None:
+    """A ResNet backbone needs ``detr.backbone_weights``: a file, or ``random`` when asked for."""
+    from vispe.models.detr.backbone import RESNETS
+
+    if cfg.detr.backbone in RESNETS and cfg.detr.backbone_weights is None:
+        raise ValueError(
+            f"detr.backbone={cfg.detr.backbone!r} without detr.backbone_weights: the ResNet would start from "
+            "random weights, and DETR's recipes start from ImageNet ones. Give a local ImageNet state_dict "
+            "(torchvision's or timm's; nothing is downloaded), e.g. detr.backbone_weights=/path/to/"
+            f"{RESNET_FILES[cfg.detr.backbone]}, or detr.backbone_weights={RANDOM_WEIGHTS} to train it from "
+            "random weights on purpose")
 
 
 def _gather(items: list) -> list:

@@ -12,7 +12,11 @@ stays within ``TILE_PX`` (a COCO image of 800 px is drawn at 0.48x, not 3,200 px
 * at most ``MAX_SHOWN`` predictions per image, best first, one per box (a sigmoid head scores
   every class of a query: the same box K times); the tile's title gives how many passed;
 * when no prediction of an image reaches ``score``, its ``TOP_K`` best are drawn instead (orange,
-  dotted), and the tile's title says so: a model early in training is not shown as empty;
+  dotted), and the tile's title says so: a model early in training is not shown as empty; when the
+  best predictions coincide (fewer than ``TOP_K`` distinct boxes), the title says how many boxes were
+  drawn and that all the predictions lie on them;
+* a label that would overlap another of its tile moves a line further from its box (below stays
+  below, above stays above), so the labels of close boxes stack instead of covering each other;
 * the title gives the threshold and the counts, the legend says which colour is which.
 """
 from __future__ import annotations
@@ -30,6 +34,8 @@ SCALE = 4.0  # magnification of small images
 TILE_PX = 384  # longest side of a tile's image in the picture, at most (large images are shrunk to it)
 TOP_K = 3  # predictions drawn for an image none of whose predictions reaches the threshold
 MAX_SHOWN = 10  # predictions drawn at most per image (the best)
+MAX_SHIFTS = 8  # times a label moves a line away from its box to clear the tile's other labels
+LABEL_PAD_PX = 1.5  # the label's coloured pad around its text (1 point at DPI 100), in pixels
 COLOURS = {"truth": "#00b000", "prediction": "#e00000", "top-k": "#ff8c00"}
 STYLES = {"truth": "--", "prediction": "-", "top-k": ":"}
 DPI = 100
@@ -86,9 +92,26 @@ def _one_per_box(detections: list) -> list:
     return out
 
 
-def _label(ax, x: float, y: float, text: str, colour: str, below: bool) -> None:
-    ax.text(x, y, text, color="white", fontsize=8, ha="left", va="top" if below else "bottom", clip_on=False,
-            bbox=dict(facecolor=colour, alpha=0.85, pad=1.0, linewidth=0))
+def _label(ax, x: float, y: float, text: str, colour: str, below: bool, placed: list, renderer) -> tuple:
+    """Draw a label with its corner at (x, y) (image pixels), moved a line further from its box (down
+    for a label below the box, up for one above) until it overlaps no label in ``placed`` (display
+    boxes of the tile's labels so far, to which its own is added); returns its anchor and extent."""
+    t = ax.text(x, y, text, color="white", fontsize=8, ha="left", va="top" if below else "bottom", clip_on=False,
+                bbox=dict(facecolor=colour, alpha=0.85, pad=1.0, linewidth=0))
+    t.set_in_layout(False)
+    for _ in range(MAX_SHIFTS):
+        bb = t.get_window_extent(renderer).padded(LABEL_PAD_PX)
+        hit = [p for p in placed if bb.overlaps(p)]
+        if not hit:
+            break
+        dx, _ = ax.transData.transform((x, y))  # display pixels, y up (the image's y axis points down)
+        # the anchor is the label's top (below a box) or bottom (above one): past the labels it hits
+        dy = min(p.y0 for p in hit) - LABEL_PAD_PX - 1 if below else max(p.y1 for p in hit) + LABEL_PAD_PX + 1
+        x, y = ax.transData.inverted().transform((dx, dy))
+        t.set_position((x, y))
+    bb = t.get_window_extent(renderer).padded(LABEL_PAD_PX)
+    placed.append(bb)
+    return (float(x), float(y)), (bb.x0, bb.y0, bb.x1, bb.y1)
 
 
 def _box(ax, box, colour: str, style: str) -> None:
@@ -121,7 +144,7 @@ def plot_detections(tiles: list[dict], path: str | Path, *, score: float, title:
     zoom = min(SCALE, TILE_PX / max(H, W))
     tile_w, tile_h = W * zoom / DPI, (H + 2 * margin) * zoom / DPI + 0.5  # inches; + the two-line title
     fig, axes = plt.subplots(rows, cols, figsize=(cols * tile_w, rows * tile_h + 0.9), dpi=DPI, squeeze=False)
-    drawn = []
+    drawn, labels = [], []  # labels: drawn once the layout is fixed (their places are measured on it)
     for i, ax in enumerate(axes.flat):
         if i >= n:
             ax.axis("off")
@@ -141,21 +164,23 @@ def plot_detections(tiles: list[dict], path: str | Path, *, score: float, title:
         for box, name in t["truth"]:  # label above the box, inside the axes horizontally
             at = (min(max(box[0], 0.0), W - 1.0), max(box[1], -margin + 1.0) - 0.5)
             _box(ax, box, COLOURS["truth"], STYLES["truth"])
-            _label(ax, *at, name, COLOURS["truth"], below=False)
-            drawn.append({"tile": i, "kind": "truth", "text": name, "box": box, "at": at})
+            labels.append((ax, at, name, "truth", False, {"tile": i, "kind": "truth", "text": name, "box": box}))
         for box, name, s in shown:  # label below the box
             at = (min(max(box[0], 0.0), W - 1.0), min(box[3], H + margin - 1.0) + 0.5)
             _box(ax, box, COLOURS[kind], STYLES[kind])
             text = f"{name} {s:.2f}"
-            _label(ax, *at, text, COLOURS[kind], below=True)
-            drawn.append({"tile": i, "kind": kind, "text": text, "box": box, "at": at})
+            labels.append((ax, at, text, kind, True, {"tile": i, "kind": kind, "text": text, "box": box}))
         head = f"image {t['image_id']}: {len(t['truth'])} true"  # two lines: fits a tile at any size
         if passed:
             note = f"{head}\n{len(passed)} predicted \u2265 {score:g}"
             if len(shown) < len(passed):
                 note += f", {len(shown)} best shown"
-        elif shown:
+        elif len(shown) == TOP_K:
             note = f"{head}\nnone \u2265 {score:g}: top {len(shown)} shown (best {shown[0][2]:.2f})"
+        elif shown:  # fewer distinct boxes than TOP_K: the predictions coincide (one box, several queries)
+            n_pred = len(t["detections"])
+            note = (f"{head}\nnone \u2265 {score:g}: {len(shown)} box{'es' if len(shown) > 1 else ''} shown, "
+                    f"all {n_pred} predictions on {'them' if len(shown) > 1 else 'it'} (best {shown[0][2]:.2f})")
         else:
             note = f"{head}\nno prediction"
         ax.set_title(note, fontsize=9)
@@ -172,6 +197,10 @@ def plot_detections(tiles: list[dict], path: str | Path, *, score: float, title:
     drawn.append({"tile": None, "kind": "legend", "text": " | ".join(t.get_text() for t in legend.get_texts()),
                   "box": None, "at": None})
     fig.tight_layout(rect=(0, 0.06 if rows == 1 else 0.04, 1, 0.97), h_pad=1.2)
+    renderer, placed = fig.canvas.get_renderer(), {}
+    for ax, at, text, kind, below, record in labels:  # each clear of its tile's labels drawn before it
+        at, extent = _label(ax, *at, text, COLOURS[kind], below, placed.setdefault(record["tile"], []), renderer)
+        drawn.append({**record, "at": at, "extent": extent})
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI)
     plt.close(fig)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import time
 import warnings
@@ -171,17 +172,26 @@ class RunLog:
                 pass
 
 
+#: most panels in a row of curves.png (a detector's ten metrics: a 4 x 3 grid, not a 4,500 px strip)
+CURVE_COLS = 4
+
+
 def plot_curves(history: list[dict], path: str | Path, title: str = "") -> None:
-    """Loss and every other metric against the epoch, train and test, in one PNG."""
+    """Loss and every other metric against the epoch, train and test, in one PNG: a grid of panels,
+    at most ``CURVE_COLS`` a row, the loss and its terms first."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = sorted({k.split("_", 1)[1] for r in history for k in r if k.startswith(("train_", "test_"))},
-                   key=lambda n: (n != "loss", n))  # loss first
-    fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.4), squeeze=False)
-    for ax, name in zip(axes[0], names):
+                   key=lambda n: (not n.startswith("loss"), n != "loss", n))  # loss, its terms, then the rest
+    cols = max(1, min(len(names), CURVE_COLS, max(2, math.ceil(math.sqrt(len(names))))))  # 10 metrics: 4 x 3
+    rows = max(1, math.ceil(len(names) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.1 * rows + 0.3), squeeze=False)
+    for ax in axes.flat[len(names):]:
+        ax.axis("off")
+    for ax, name in zip(axes.flat, names):
         for split in ("train", "test"):
             key = f"{split}_{name}"
             rows = [r for r in history if key in r]  # test metrics exist on evaluated epochs only
@@ -228,7 +238,7 @@ def comparison_table(summaries: dict[str, dict], metric: str) -> str:
     head = ["encoding", "params"] + [f"test {metric} @{s}px" for s in sizes] + ["train time"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for pe, summ in summaries.items():
-        cells = [pe, f"{summ['params'] / 1e6:.3f}M"]
+        cells = [summ.get("label", pe), f"{summ['params'] / 1e6:.3f}M"]  # a detector's label names its design
         cells += [f"{summ['eval'][str(s)][metric]:.4f}" if str(s) in summ["eval"] else "-" for s in sizes]
         cells.append(f"{summ['train_time_s']:.0f}s")
         lines.append("| " + " | ".join(cells) + " |")

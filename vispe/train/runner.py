@@ -80,8 +80,21 @@ def build_model(task, cfg: DictConfig, data: Data) -> torch.nn.Module:
     try:
         return task.model(cfg, data.info, data.img_size)
     except Exception as e:  # unknown encoding or model name, bad kwargs
-        raise SetupError(f"model.name={cfg.model.name!r} with model.pe={cfg.model.pe!r} could not be built: "
+        raise SetupError(f"the model (model.name={cfg.model.name!r}, model.pe={cfg.model.pe!r}) could not be built: "
                          f"{type(e).__name__}: {e}") from e
+
+
+def check_model(cfg: DictConfig) -> None:
+    """Build ``cfg``'s model once from the data set's description alone (no data read or written) and
+    drop it: a SetupError says why it cannot be built. ``python -m vispe.sweep`` checks every point so."""
+    from vispe.train.tasks import get_task
+
+    task = get_task(cfg.task)
+    try:
+        info = task.info(cfg)
+    except Exception as e:
+        raise SetupError(f"data.name={cfg.data.name!r}: {type(e).__name__}: {e}") from e
+    build_model(task, cfg, Data(info, cfg.data.img_size or info.img_size, None, None))
 
 
 def build_optimizer(cfg: DictConfig, model: torch.nn.Module, task=None) -> torch.optim.Optimizer:
@@ -126,6 +139,7 @@ def run_encoding(cfg: DictConfig, task, data: Data, sub: Path, *, resume: bool, 
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.benchmark = False
     seed_everything(t.seed)
+    tag = task.label(cfg)  # the encoding, and a detector's design
     model = build_model(task, cfg, data).to(device)
     optimizer = build_optimizer(cfg, model, task)
     steps_per_epoch = loaders.num_train_batches(len(data.train), cfg.data.batch_size, dist)
@@ -147,10 +161,10 @@ def run_encoding(cfg: DictConfig, task, data: Data, sub: Path, *, resume: bool, 
         except ValueError as e:
             raise SetupError(f"--resume with train.epochs={t.epochs}: {e} ({progress.epoch} epochs in {path})") from None
         if dist.is_main:
-            print(f"[{cfg.model.pe}] resumed from {path}: epoch {progress.epoch}, batch {progress.batch}, "
+            print(f"[{tag}] resumed from {path}: epoch {progress.epoch}, batch {progress.batch}, "
                   f"step {progress.step}", flush=True)
             if note:
-                print(f"[{cfg.model.pe}] {note}", flush=True)
+                print(f"[{tag}] {note}", flush=True)
     progress.schedule = plan.segments
     if dist.enabled:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -189,7 +203,7 @@ def run_encoding(cfg: DictConfig, task, data: Data, sub: Path, *, resume: bool, 
                 sums = {k: torch.tensor(v if dist.is_main else 0.0, dtype=torch.float64, device=device)
                         for k, v in progress.epoch_sums.items()}
                 bar = progress_bar(t.progress and dist.is_main, steps_per_epoch, progress.batch,
-                                   f"[{cfg.model.pe}] epoch {epoch + 1}/{t.epochs}")
+                                   f"[{tag}] epoch {epoch + 1}/{t.epochs}")
                 t0, n0 = time.time(), float(sums.get("count", 0.0))
 
                 def after_step(progress, sums, loss):
@@ -201,11 +215,11 @@ def run_encoding(cfg: DictConfig, task, data: Data, sub: Path, *, resume: bool, 
                         bad = float(sums.get(engine.NONFINITE_KEY, 0.0))
                         if bad:
                             raise FloatingPointError(
-                                f"[{cfg.model.pe}] {bad:.0f} training batch(es) of epoch {epoch + 1} (up to step "
+                                f"[{tag}] {bad:.0f} training batch(es) of epoch {epoch + 1} (up to step "
                                 f"{progress.step}) hold NaN or inf input values: the data (data.name={cfg.data.name!r}, "
                                 f"data.root={cfg.data.root!r}) or its transforms give non-finite pixels; {kept}")
                         if not math.isfinite(value):
-                            raise FloatingPointError(f"[{cfg.model.pe}] training loss is {value} at step {progress.step} "
+                            raise FloatingPointError(f"[{tag}] training loss is {value} at step {progress.step} "
                                                      f"(lr {optimizer.param_groups[0]['lr']:.2e}); {kept}")
                         lr = optimizer.param_groups[0]["lr"]
                         log.scalars(progress.step, {"loss": value, "lr": lr}, "train")
@@ -251,7 +265,7 @@ def run_encoding(cfg: DictConfig, task, data: Data, sub: Path, *, resume: bool, 
                 save({})
                 if dist.is_main:
                     eta = (t.epochs - epoch - 1) * progress.elapsed_s / max(epoch + 1, 1)  # rough: mean epoch so far
-                    print(f"[{cfg.model.pe}] epoch {epoch + 1}/{t.epochs}  " +
+                    print(f"[{tag}] epoch {epoch + 1}/{t.epochs}  " +
                           "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k.startswith(("train_", "test_"))) +
                           f"  ({epoch_time:.0f}s, {row['img_per_s']:.0f} img/s, ETA {eta / 60:.1f} min)", flush=True)
         except BaseException:  # Ctrl-C, a crash: the checkpoint and logs already written stay as they are
@@ -262,7 +276,7 @@ def run_encoding(cfg: DictConfig, task, data: Data, sub: Path, *, resume: bool, 
     train_time = progress.elapsed_s if progress.history else 0.0
     t0 = time.time()
     results = evaluate_sizes(raw, task, cfg, data, device=device, amp_dtype=amp_dtype, dist=dist)
-    summary = {"encoding": cfg.model.pe, "model": cfg.model.name, "task": cfg.task.name, "data": cfg.data.name,
+    summary = {"encoding": cfg.model.pe, "label": tag, "model": cfg.model.name, "task": cfg.task.name, "data": cfg.data.name,
                "finished": True, "epochs": t.epochs, "steps": progress.step, "params": n_params,
                "primary": task.primary, "train_img_size": data.img_size,
                "final": progress.history[-1] if progress.history else {}, "eval": results,

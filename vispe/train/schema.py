@@ -86,7 +86,7 @@ class DetrModelConfig:
     backbone: str = "small_cnn"  # small_cnn | resnet18 | resnet34 | resnet50 | resnet101 | a vispe ViT preset
     backbone_kwargs: Dict[str, Any] = field(default_factory=dict)  # ViT presets: create_vit's arguments + layers
     backbone_mask_aware: bool = False  # ResNets: zero the padding after every norm (no leak; not DETR's)
-    backbone_weights: Optional[str] = None  # local ResNet state_dict (nothing downloads)
+    backbone_weights: Optional[str] = None  # local ResNet state_dict (nothing downloads); "random": from scratch, asked
     backbone_widths: Optional[List[int]] = None  # small_cnn channels per stage
     dilation: bool = False
     train_backbone: bool = True

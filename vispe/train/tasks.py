@@ -19,6 +19,9 @@ object with this interface, so that detection (DETR on COCO) is one more entry i
                                     refuses the keys that only another task reads, ``own_keys``)
 ``param_groups(model, cfg)``        optional: the optimiser's parameter groups (DETR: backbone lr)
 ``visualize(model, dataset, path, device)`` optional: a picture of predictions after each evaluation
+``label(cfg)``                      how a run is named in the console, comparison.md and a sweep's
+                                    report: the encoding, plus what else tells variants apart
+                                    (detection: the design when it is not DETR's own)
 
 Tasks: ``classification`` (here) and ``detection`` (``vispe.train.detection``).
 """
@@ -28,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
-from vispe.train.config_words import reword
+from vispe.train.config_words import check_encodings, reword
 from vispe.train.detection import DetectionTask
 
 #: model fields passed to create_vit only when set (None keeps the preset's value)
@@ -53,6 +56,11 @@ class ClassificationTask:
     def check_config(cls, cfg: DictConfig) -> None:
         """Nothing beyond the schema (``config.validate`` refuses the other tasks' ``own_keys``)."""
 
+    @staticmethod
+    def label(cfg: DictConfig) -> str:
+        """The encoding's name."""
+        return cfg.model.pe
+
     def info(self, cfg: DictConfig):
         from vispe.data import dataset_info
 
@@ -69,6 +77,7 @@ class ClassificationTask:
         from vispe.models.vit import create_vit
 
         m = cfg.model
+        check_encodings({"model.pe": m.pe})
         kw = {k: m[k] for k in OPTIONAL_MODEL_FIELDS if m[k] is not None}
         clash = sorted(set(kw) & set(m.kwargs))
         if clash:

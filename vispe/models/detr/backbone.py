@@ -164,10 +164,14 @@ def build_backbone(name, *, weights=None, dilation: bool = False, train_backbone
     if kwargs:
         raise ValueError(f"backbone_kwargs={kwargs!r}: only ViT backbones take backbone_kwargs")
     if name == "small_cnn":
+        why = {"backbone_weights": "it is trained from scratch: there are no weights to load",
+               "dilation": "it has no last stage to dilate (DC5 is a ResNet option)",
+               "train_backbone": "it is trained from scratch: frozen, it would stay random",
+               "backbone_mask_aware": "it is mask-aware already: it zeroes the padding after every convolution"}
         for opt, value, default in (("backbone_weights", weights, None), ("dilation", dilation, False),
                                     ("train_backbone", train_backbone, True), ("backbone_mask_aware", mask_aware, False)):
             if value != default:
-                raise ValueError(f"{opt}={value!r}: not an option of backbone='small_cnn' (it is trained from scratch)")
+                raise ValueError(f"{opt}={value!r}: not an option of backbone='small_cnn' ({why[opt]})")
         return SmallCNN(widths) if widths is not None else SmallCNN()
     if widths is not None:
         raise ValueError(f"backbone_widths={widths!r}: only backbone='small_cnn' takes widths")
