@@ -51,7 +51,7 @@ from vispe import _checks
 from vispe.axis.rope import apply_rope
 from vispe.coords import valid_extent
 from vispe.encoding import BiasEncoding, PositionEncoding, RotaryEncoding
-from vispe.kernels import bias_attention, rope
+from vispe.kernels import bias_attention, relative_bias, rope
 
 
 @dataclass
@@ -166,16 +166,19 @@ class Attention(TimmAttention):
                 qk = rope.rotate_qk(self.pe, qk, ctx.shape, ctx.mask, ctx.num_prefix_tokens, memo=ctx.memo,
                                     impl=self.rope_impl)  # (2, B, heads, L, hd)
             else:
-                pe_bias = self._bias(qk[0], ctx)  # (B|1, heads, L, L)
+                pe_bias = self._bias(qk[0], ctx)  # (B|1, heads, L, L), or its table (RelativeBias)
+                if bias is not None and isinstance(pe_bias, relative_bias.RelativeBias):
+                    pe_bias = pe_bias.dense()
                 bias = pe_bias if bias is None else pe_bias + bias
         if qk is not None:
             q, k = qk.unbind(0)
         kpm = kv_ctx.key_padding_mask if kv_ctx is not None else None
         if kpm is not None and kpm.shape != (B, k.shape[-2]):
             raise ValueError(f"the padding mask covers {tuple(kpm.shape)} (B, keys): expected ({B}, {k.shape[-2]})")
-        x = bias_attention.attend(q, k, v, bias=bias, attn_mask=attn_mask, key_padding_mask=kpm,
-                                  dropout_p=self.attn_drop.p if self.training else 0.0, is_causal=is_causal,
-                                  impl=self.bias_impl)  # (B, heads, L, hd)
+        attend = relative_bias.attend_relative if isinstance(bias, relative_bias.RelativeBias) else bias_attention.attend
+        x = attend(q, k, v, bias=bias, attn_mask=attn_mask, key_padding_mask=kpm,
+                   dropout_p=self.attn_drop.p if self.training else 0.0, is_causal=is_causal,
+                   impl=self.bias_impl)  # (B, heads, L, hd)
         x = x.transpose(1, 2).reshape(B, L, self.attn_dim)  # (B, L, heads*hd)
         x = self.norm(x)
         x = self.proj(x)
@@ -254,7 +257,21 @@ class Attention(TimmAttention):
         ks = self._heads(self.k_pos(ks.to(k.dtype))).expand(k.shape[0], -1, -1, -1)  # (B, heads, Lk, hd)
         return torch.cat([q, qs], -1), torch.cat([k, ks], -1)  # (B, heads, L, 2 hd): scale 1/sqrt(2 hd)
 
-    def _bias(self, q: torch.Tensor, ctx: PosContext) -> torch.Tensor:
+    def _bias(self, q: torch.Tensor, ctx: PosContext):
+        """The encoding's logits bias (B|1, heads, L, L), or, for a bias of the offset alone, its
+        table as a ``RelativeBias`` (``vispe.kernels.relative_bias``: never built in full on the CPU)."""
+        L = q.shape[-2]
+        parts = self.pe.relative(ctx.shape, device=q.device) if hasattr(self.pe, "relative") else None
+        if parts is not None:
+            rel = relative_bias.RelativeBias(table=parts[0], shape=tuple(ctx.shape), prefix=parts[1],
+                                             dense=lambda: self._dense_bias(q, ctx))
+            if len(rel) != L:
+                raise ValueError(f"the bias covers {len(rel)} tokens: expected {L} "
+                                 f"(grid {ctx.shape} + {ctx.num_prefix_tokens} prefix tokens)")
+            return rel
+        return self._dense_bias(q, ctx)
+
+    def _dense_bias(self, q: torch.Tensor, ctx: PosContext) -> torch.Tensor:
         kw = {"q": q} if self.pe.contextual else {}
         bias = self.pe(ctx.shape, ctx.mask, device=q.device, dtype=q.dtype, **kw)  # (B|1, heads, L, L)
         L = q.shape[-2]

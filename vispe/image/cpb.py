@@ -65,14 +65,17 @@ class LogCPB(BiasBase):
         x = F.relu(F.linear(coords, fc1.weight.to(**f32), fc1.bias.to(**f32)))  # (..., hidden)
         return 16 * torch.sigmoid(F.linear(x, fc2.weight.to(**f32)))  # (..., heads)
 
-    def grid_bias(self, shape, device, q=None) -> torch.Tensor:
+    def relative_table(self, shape, device) -> torch.Tensor:
         h, w = shape
         coords = self.cached(("log_cpb_coords", h, w, device, torch.float32),
                              lambda: log_relative_coords(h, w, self.pretrained_window, device=device))
+        return self.table(coords).reshape(-1, self.num_heads)  # ((2h-1)(2w-1), heads)
+
+    def grid_bias(self, shape, device, q=None) -> torch.Tensor:
+        h, w = shape
         index = self.cached(("relbias_index", h, w, device, torch.long),
                             lambda: relative_position_index(h, w, device=device))  # (N, N)
-        table = self.table(coords).reshape(-1, self.num_heads)  # ((2h-1)(2w-1), heads)
-        return gather_bias(table, index)  # (1, heads, N, N)
+        return gather_bias(self.relative_table(shape, device), index)  # (1, heads, N, N)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, hidden_dim={self.hidden_dim}, pretrained_window={self.pretrained_window}"

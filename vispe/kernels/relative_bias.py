@@ -1,0 +1,323 @@
+"""Attention with a 2D relative logits bias that is never materialised: the bias stays its table.
+
+A relative bias on an (h, w) grid (Swin's ``relbias``, ``log_cpb``, non-contextual ``irpe``,
+``relbias_axis``) is a function of the offset alone: with P prefix tokens first,
+
+    bias[head, P + i, P + j] = table[(y_i - y_j + h - 1) * (2w - 1) + (x_i - x_j + w - 1), head]
+
+plus learned prefix scalars (``vispe.image._bias``). ``RelativeBias`` carries that table
+((2h-1)(2w-1), heads) and the prefix scalars; ``relative_attention`` runs attention with it on
+the CPU without ever building the (heads, L, L) bias, nor its gradient, beyond one block:
+
+* Keys in reverse grid order. With key j' = (h-1-y_j, w-1-x_j) the grid part of the bias is
+  ``table2d[y_i + y'_j, x_i + x'_j]``, a Hankel pattern that is a *view* of the (heads, 2h-1, 2w-1)
+  table with strides (2w-1, 1) over the queries' (y, x) and again over the keys'. A block of whole
+  grid rows of queries is one ``copy_`` from that view (no index tensor, no gather); k and v are
+  permuted once (attention does not depend on the order of its keys).
+* Forward: for each block of heads and query rows, the fused SDPA kernel with the block as its
+  mask (broadcast over the batch), keeping its log-sum-exp.
+* Backward: per block, the scores are rebuilt from the same view and the log-sum-exp, and
+  the gradients of q, k, v follow as in ``bias_attention.BiasedAttention``; the block's bias
+  gradient, summed over the batch, is folded into the table at once: ``table2d[a, b]`` collects
+  the scores with y_i + y'_j = a and x_i + x'_j = b (a loop of w shifted adds over x, then one of
+  the block's rows over y), the prefix scalars their rows and columns.
+
+What is kept for the backward is q, k, v, the output, the log-sum-exp and the small tables; the
+largest temporary is one block of scores (``chunk_bytes``, as the chunked kernel). The dense
+bias, when a path needs one (``"reference"``, tracing, CUDA), is ``RelativeBias.dense()``: the
+encoding's own forward.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch.profiler import record_function
+
+from vispe import _checks, _tracing
+from vispe.kernels.bias_attention import BIAS_IMPLS, CHUNK_BYTES, _sdpa, attend
+
+
+@dataclass
+class RelativeBias:
+    """A (1, heads, P+h*w, P+h*w) logits bias kept as its table over 2D offsets (module docstring).
+
+    ``table`` ((2h-1)(2w-1), heads) float32; ``prefix`` None or (prefix_to_prefix (heads, P, P),
+    prefix_to_token (heads, P), token_to_prefix (heads, P)) float32; ``dense`` returns the same
+    bias as a tensor (the encoding's forward, for the paths that need one).
+    """
+
+    table: torch.Tensor
+    shape: tuple[int, int]
+    prefix: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+    dense: Callable[[], torch.Tensor]
+
+    def __post_init__(self) -> None:
+        h, w = self.shape
+        R = (2 * h - 1) * (2 * w - 1)
+        if self.table.dim() != 2 or self.table.shape[0] != R:
+            raise ValueError(f"table has shape {tuple(self.table.shape)}: expected ({R}, heads) for grid {self.shape}")
+
+    @property
+    def num_heads(self) -> int:
+        return self.table.shape[1]
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return 0 if self.prefix is None else self.prefix[0].shape[-1]
+
+    @property
+    def requires_grad(self) -> bool:
+        return self.table.requires_grad or (self.prefix is not None and any(t.requires_grad for t in self.prefix))
+
+    def __len__(self) -> int:  # tokens, P + h*w
+        return self.num_prefix_tokens + self.shape[0] * self.shape[1]
+
+
+def attend_relative(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: RelativeBias, *,
+                    attn_mask: torch.Tensor | None = None, key_padding_mask: torch.Tensor | None = None,
+                    dropout_p: float = 0.0, is_causal: bool = False, impl: str = "auto",
+                    chunk_bytes: int | None = None) -> torch.Tensor:
+    """``bias_attention.attend`` for a ``RelativeBias``.  # (B, heads, L, d)
+
+    "auto" and "chunked" run ``relative_attention`` (on the CPU for "auto"; with or without
+    gradients, so that inference never builds the dense bias either); "auto" takes the dense bias
+    (``bias.dense()``) to ``attend`` on CUDA, while torch.compile / torch.export record, with
+    dropout, a causal mask or a caller's ``attn_mask``, as do "reference" and "flex".
+    """
+    _checks.choice("impl", impl, BIAS_IMPLS)
+    plain = dropout_p == 0 and not is_causal and attn_mask is None
+    if impl == "auto":
+        fast = plain and q.device.type == "cpu" and not _tracing.is_tracing()
+    elif impl == "chunked":
+        fast = plain and not _tracing.is_tracing()  # attend refuses the rest, with the reason
+    else:
+        fast = False
+    if not fast:
+        return attend(q, k, v, bias=bias.dense(), attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                      dropout_p=dropout_p, is_causal=is_causal, impl=impl, chunk_bytes=chunk_bytes)
+    return relative_attention(q, k, v, bias, key_padding_mask, CHUNK_BYTES if chunk_bytes is None else chunk_bytes)
+
+
+def relative_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: RelativeBias,
+                       key_padding_mask: torch.Tensor | None = None, chunk_bytes: int = 8 * 2**20) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + bias, padded keys hidden) v without the dense bias.  # (B, heads, L, d)
+
+    q, k, v (B, heads, L, d) with L = P + h*w; key_padding_mask (B, L) bool, True = padding.
+    """
+    B, H, L, _ = q.shape
+    if k.shape[2] != L or len(bias) != L or bias.num_heads != H:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and a relative bias of {bias.num_heads} heads "
+                         f"over {len(bias)} tokens (grid {bias.shape} + {bias.num_prefix_tokens} prefix): expected "
+                         "self-attention with one head count and token count")
+    _checks.positive_int("chunk_bytes", chunk_bytes)
+    prefix = bias.prefix if bias.prefix is not None else (None, None, None)
+    with record_function("vispe::chunked_bias_attention"):  # the "chunked" path (vispe.kernels.explain)
+        return RelativeBiasAttention.apply(q, k, v, bias.table, *prefix, key_padding_mask, bias.shape, chunk_bytes)
+
+
+def _key_order(L: int, P: int, device) -> torch.Tensor:
+    """Prefix keys first, then the grid keys reversed (an involution).  # (L,) long"""
+    return torch.cat([torch.arange(P, device=device), torch.arange(L - 1, P - 1, -1, device=device)])
+
+
+def _row_blocks(B: int, H: int, h: int, w: int, L: int, chunk_bytes: int, batched: bool):
+    """(batch, heads, grid rows) slices whose scores, float32 (all B when ``batched``, else one
+    shared bias block), take about ``chunk_bytes``: whole heads when they fit, else groups of grid
+    rows of one head; batch items apart only when one grid row of all of them does not fit."""
+    row = w * L * 4  # one grid row of queries, one head, one batch item
+    nb = B if not batched else max(1, min(B, chunk_bytes // row))
+    per_rows = max(1, chunk_bytes // (row * nb))
+    if per_rows >= h:
+        nh = max(1, min(H, per_rows // h))
+        nh = -(-H // -(-H // nh))  # blocks of equal size
+        for b in range(0, B, nb):
+            for hd in range(0, H, nh):
+                yield slice(b, min(b + nb, B)), slice(hd, min(hd + nh, H)), slice(0, h)
+        return
+    ny = -(-h // -(-h // per_rows))
+    for b in range(0, B, nb):
+        for hd in range(H):
+            for y in range(0, h, ny):
+                yield slice(b, min(b + nb, B)), slice(hd, hd + 1), slice(y, min(y + ny, h))
+
+
+def _grid_view(t2d: torch.Tensor, hs: slice, ys: slice, w: int) -> torch.Tensor:
+    """Bias of grid query rows ``ys`` to the grid keys in reverse order, heads ``hs``, as a strided
+    view of ``t2d`` (heads, 2h-1, 2w-1): ``t2d[head, y_i + y'_j, x_i + x'_j]``.  # (nh, ny, w, h, w)"""
+    A, Bw = t2d.shape[1:]
+    h = (A + 1) // 2
+    nh, ny = hs.stop - hs.start, ys.stop - ys.start
+    return t2d.as_strided((nh, ny, w, h, w), (A * Bw, Bw, 1, Bw, 1),
+                          t2d.storage_offset() + hs.start * A * Bw + ys.start * Bw)
+
+
+def _fold_grid_rows(g: torch.Tensor, ys: slice, w: int, dt2d: torch.Tensor) -> None:
+    """Add the gradient ``g`` (nh, ny, w, h, w) of ``_grid_rows``' block into ``dt2d`` (nh, 2h-1, 2w-1)."""
+    nh, ny, _, h, _ = g.shape
+    acc = g.new_zeros(nh, ny, h, 2 * w - 1)  # summed over x: b = x_i + x'_j
+    for x in range(w):
+        acc[..., x:x + w] += g[:, :, x]
+    for i in range(ny):  # summed over y: a = y_i + y'_j
+        y = ys.start + i
+        dt2d[:, y:y + h] += acc[:, i]
+
+
+def _bias_block(t2d, prefix, hs, ys, w, P, out, shift=None):
+    """The bias of grid query rows ``ys`` (the prefix rows when ``ys`` is None), heads ``hs``, keys in
+    kernel order (prefix, then grid reversed), minus ``shift`` (nh, nb, nr, 1) if given, written
+    into ``out`` (nh, nb, nr, L) in one pass.  # out"""
+    nh, nb, nr, L = out.shape
+    sub = (lambda src, dst, sh: dst.copy_(src)) if shift is None else \
+        (lambda src, dst, sh: torch.sub(src, sh, out=dst))  # noqa: E731
+    if ys is None:  # prefix queries: [prefix_to_prefix | prefix_to_token for every grid key]
+        p2p, p2t, _ = prefix
+        sub(p2p[hs, None], out[..., :P], shift)
+        sub(p2t[hs, None, :, None].expand(nh, nb, nr, L - P), out[..., P:], shift)
+        return out
+    ny = ys.stop - ys.start
+    if P:
+        sub(prefix[2][hs, None, None, :].expand(nh, nb, nr, P), out[..., :P], shift)  # token_to_prefix
+    h = (L - P) // w
+    grid = out[..., P:].view(nh, nb, ny, w, h, w)  # a view of out, also when P > 0
+    sub(_grid_view(t2d, hs, ys, w)[:, None], grid, None if shift is None else shift.view(nh, nb, ny, w, 1, 1))
+    return out
+
+
+class RelativeBiasAttention(torch.autograd.Function):
+    """Fused-kernel forward block by block, block-wise backward folding into the table (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, table, p2p, p2t, t2p, kpm, shape, chunk_bytes):
+        B, H, L, _ = q.shape
+        h, w = shape
+        P = L - h * w
+        td = torch.promote_types(table.dtype, torch.float32)  # the bias's dtype (float32, float64 stays)
+        prefix = None if p2p is None else (p2p.detach().to(td), p2t.detach().to(td), t2p.detach().to(td))
+        t2d = table.detach().t().reshape(H, 2 * h - 1, 2 * w - 1).to(td).contiguous()  # (heads, 2h-1, 2w-1)
+        order = _key_order(L, P, q.device)
+        kr, vr = k.index_select(2, order), v.index_select(2, order)  # (B, heads, L, d), keys reordered
+        kpr = None if kpm is None else kpm.index_select(1, order)  # (B, L)
+        out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
+        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+        have_lse = True
+        blocks = list(_row_blocks(B, H, h, w, L, chunk_bytes, kpm is not None))
+        heads = list(dict.fromkeys((b.start, b.stop, hs.start, hs.stop) for b, hs, _ in blocks))
+        for b0, b1, h0, h1 in heads if P else ():  # prefix query rows
+            bs, hs = slice(b0, b1), slice(h0, h1)
+            mask = _bias_block(t2d, prefix, hs, None, w, P, q.new_empty(h1 - h0, 1, P, L, dtype=td))
+            have_lse &= _forward_block(q, kr, vr, kpr, out, lse, bs, hs, slice(0, P), mask[:, 0])
+        for bs, hs, ys in blocks:
+            rows = slice(P + ys.start * w, P + ys.stop * w)
+            mask = _bias_block(t2d, prefix, hs, ys, w, P, q.new_empty(hs.stop - hs.start, 1, rows.stop - rows.start, L,
+                                                                      dtype=td))
+            have_lse &= _forward_block(q, kr, vr, kpr, out, lse, bs, hs, rows, mask[:, 0])
+        ctx.shape, ctx.chunk_bytes, ctx.has_prefix = shape, chunk_bytes, p2p is not None
+        ctx.save_for_backward(q, k, v, table, p2p, p2t, t2p, kpm, out, lse if have_lse else None)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, table, p2p, p2t, t2p, kpm, out, lse = ctx.saved_tensors
+        B, H, L, d = q.shape
+        h, w = ctx.shape
+        P = L - h * w
+        wd = torch.promote_types(torch.promote_types(q.dtype, table.dtype), torch.float32)  # working dtype
+        scale = 1.0 / math.sqrt(d)
+        need_q, need_k, need_v, need_t = ctx.needs_input_grad[:4]
+        need_p = ctx.has_prefix and any(ctx.needs_input_grad[4:7])
+        prefix = None if p2p is None else (p2p.to(wd), p2t.to(wd), t2p.to(wd))
+        t2d = table.detach().t().reshape(H, 2 * h - 1, 2 * w - 1).to(wd).contiguous()
+        order = _key_order(L, P, q.device)
+        head_major = lambda t: t.index_select(2, order).transpose(0, 1).to(wd).contiguous()  # noqa: E731
+        kr, vr = head_major(k), head_major(v)  # (heads, B, L, d), keys reordered
+        kpr = None if kpm is None else kpm.index_select(1, order)
+        dq = torch.empty(q.shape, dtype=wd, device=q.device) if need_q else None
+        dkr = torch.zeros(kr.shape, dtype=wd, device=q.device) if need_k else None  # (heads, B, L, d)
+        dvr = torch.zeros(vr.shape, dtype=wd, device=q.device) if need_v else None
+        dt2d = torch.zeros_like(t2d) if need_t else None
+        dpre = [torch.zeros_like(t) for t in prefix] if need_p else None
+        neg_d = -(dout.to(wd) * out.to(wd)).sum(-1, keepdim=True)  # -D (B, H, L, 1)
+        blocks = list(_row_blocks(B, H, h, w, L, ctx.chunk_bytes, True))
+        heads = list(dict.fromkeys((b.start, b.stop, hs.start, hs.stop) for b, hs, _ in blocks))
+        jobs = [(slice(b0, b1), slice(h0, h1), None) for b0, b1, h0, h1 in heads] if P else []
+        for bs, hs, ys in jobs + blocks:
+            rows = slice(0, P) if ys is None else slice(P + ys.start * w, P + ys.stop * w)
+            bias_into = lambda out, shift, hs=hs, ys=ys: _bias_block(t2d, prefix, hs, ys, w, P, out, shift)  # noqa: E731
+            ds = _backward_block(q, kr, vr, kpr, dout, neg_d, lse, bias_into, bs, hs, rows, scale, wd, dq, dkr, dvr)
+            if not (need_t or need_p):
+                continue
+            g = ds.sum(1) if ds.shape[1] > 1 else ds[:, 0]  # (nh, nr, L): the bias is shared by the batch
+            if ys is None:
+                if need_p:
+                    dpre[0][hs] += g[..., :P]
+                    dpre[1][hs] += g[..., P:].sum(-1)
+                continue
+            if need_p and P:
+                dpre[2][hs] += g[..., :P].sum(1)
+            if need_t:
+                ny = ys.stop - ys.start
+                _fold_grid_rows(g[..., P:].unflatten(1, (ny, w)).unflatten(-1, (h, w)), ys, w, dt2d[hs])
+        dk = dv = None
+        if need_k:
+            dk = dkr.transpose(0, 1).index_select(2, order).to(k.dtype)
+        if need_v:
+            dv = dvr.transpose(0, 1).index_select(2, order).to(v.dtype)
+        dtable = None if dt2d is None else dt2d.reshape(H, -1).t().to(table.dtype)
+        dp = [None] * 3 if dpre is None else [g.to(t.dtype) for g, t in zip(dpre, (p2p, p2t, t2p))]
+        return (None if dq is None else dq.to(q.dtype), dk, dv, dtable, *dp, None, None, None)
+
+
+def _forward_block(q, kr, vr, kpr, out, lse, bs, hs, rows, mask) -> bool:
+    """One block of the forward pass into ``out`` and ``lse``; whether the kernel gave a log-sum-exp."""
+    m = mask[None]  # (1, nh, nr, L): one bias for the batch
+    if kpr is not None:
+        m = m.expand(bs.stop - bs.start, -1, -1, -1).masked_fill(kpr[bs, None, None, :], float("-inf"))
+    o, part = _sdpa(q[bs, hs, rows], kr[bs, hs], vr[bs, hs], m.to(q.dtype))
+    out[bs, hs, rows] = o
+    if part is None:
+        return False
+    lse[bs, hs, rows] = part
+    return True
+
+
+def _backward_block(q, kr, vr, kpr, dout, neg_d, lse, bias_into, bs, hs, rows, scale, wd, dq, dkr, dvr):
+    """Gradients of q, k, v of one block (accumulated into dq and the head-major dkr, dvr);
+    ``bias_into(out, shift)`` writes the block's bias minus ``shift``. Returns dS, heads first.  # (nh, nb, nr, L)"""
+    nb, nh, nr = bs.stop - bs.start, hs.stop - hs.start, rows.stop - rows.start
+    d = q.shape[-1]
+    L = kr.shape[2]
+    heads_first = lambda t: t[bs, hs, rows].transpose(0, 1).to(wd).reshape(nh * nb, nr, -1)  # noqa: E731
+    qc, do = heads_first(q), heads_first(dout)  # (nh*nb, nr, d)
+    kc, vc = kr[hs, bs].reshape(nh * nb, L, d), vr[hs, bs].reshape(nh * nb, L, -1)  # (nh*nb, L, d)
+    s = q.new_empty((nh, nb, nr, L), dtype=wd)
+    if lse is not None:  # P = exp(S - lse): the bias minus lse in one pass, then q k^T added in place
+        bias_into(s, lse[bs, hs, rows, None].transpose(0, 1))
+        if kpr is not None:
+            s.masked_fill_(kpr[None, bs, None, :], float("-inf"))
+        p = s.view(nh * nb, nr, L).baddbmm_(qc, kc.transpose(1, 2), alpha=scale).exp_()
+    else:
+        bias_into(s, None)
+        if kpr is not None:
+            s.masked_fill_(kpr[None, bs, None, :], float("-inf"))
+        p = torch.softmax(s.view(nh * nb, nr, L).baddbmm_(qc, kc.transpose(1, 2), alpha=scale), dim=-1)
+    ds = torch.baddbmm(heads_first(neg_d), do, vc.transpose(1, 2))  # dP - D
+    ds.mul_(p)  # dS = P * (dP - D)
+    if dvr is not None:
+        _add_bmm(dvr[hs, bs], p.transpose(1, 2), do, 1.0)
+    del p
+    if dq is not None:
+        dq[bs, hs, rows] = torch.bmm(ds, kc).mul_(scale).view(nh, nb, nr, d).transpose(0, 1)
+    if dkr is not None:
+        _add_bmm(dkr[hs, bs], ds.transpose(1, 2), qc, scale)
+    return ds.view(nh, nb, nr, L)
+
+
+def _add_bmm(dst: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float) -> None:
+    """dst (nh, nb, n, m) += alpha * a @ b, in place on a contiguous slice, else through a temporary."""
+    if dst.is_contiguous():
+        dst.view(-1, *dst.shape[2:]).baddbmm_(a, b, alpha=alpha)
+    else:
+        dst += torch.bmm(a, b).mul_(alpha).view(dst.shape)
