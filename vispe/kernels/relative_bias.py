@@ -186,6 +186,22 @@ def _bias_block(t2d, prefix, hs, ys, w, P, out, shift=None):
     return out
 
 
+class _Workspace:
+    """One buffer per role for all the blocks of a call, so that each block's scores land in memory
+    already mapped (a fresh multi-MiB tensor per block costs a page fault per 4 KiB on first touch,
+    which took a third of the backward's time at 4,096 tokens)."""
+
+    def __init__(self, device, dtype):
+        self.device, self.dtype, self.bufs = device, dtype, {}
+
+    def get(self, role: str, shape) -> torch.Tensor:
+        n = math.prod(shape)
+        buf = self.bufs.get(role)
+        if buf is None or buf.numel() < n:
+            buf = self.bufs[role] = torch.empty(n, dtype=self.dtype, device=self.device)
+        return buf[:n].view(shape)
+
+
 class RelativeBiasAttention(torch.autograd.Function):
     """Fused-kernel forward block by block, block-wise backward folding into the table (module docstring)."""
 
@@ -203,16 +219,10 @@ class RelativeBiasAttention(torch.autograd.Function):
         out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
         lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
         have_lse = True
-        blocks = list(_row_blocks(B, H, h, w, L, chunk_bytes, kpm is not None))
-        heads = list(dict.fromkeys((b.start, b.stop, hs.start, hs.stop) for b, hs, _ in blocks))
-        for b0, b1, h0, h1 in heads if P else ():  # prefix query rows
-            bs, hs = slice(b0, b1), slice(h0, h1)
-            mask = _bias_block(t2d, prefix, hs, None, w, P, q.new_empty(h1 - h0, 1, P, L, dtype=td))
-            have_lse &= _forward_block(q, kr, vr, kpr, out, lse, bs, hs, slice(0, P), mask[:, 0])
-        for bs, hs, ys in blocks:
-            rows = slice(P + ys.start * w, P + ys.stop * w)
-            mask = _bias_block(t2d, prefix, hs, ys, w, P, q.new_empty(hs.stop - hs.start, 1, rows.stop - rows.start, L,
-                                                                      dtype=td))
+        ws = _Workspace(q.device, td)
+        for bs, hs, ys in _jobs(B, H, h, w, L, P, chunk_bytes, kpm is not None):
+            rows = _rows(ys, P, w)
+            mask = _bias_block(t2d, prefix, hs, ys, w, P, ws.get("bias", (hs.stop - hs.start, 1, rows.stop - rows.start, L)))
             have_lse &= _forward_block(q, kr, vr, kpr, out, lse, bs, hs, rows, mask[:, 0])
         ctx.shape, ctx.chunk_bytes, ctx.has_prefix = shape, chunk_bytes, p2p is not None
         ctx.save_for_backward(q, k, v, table, p2p, p2t, t2p, kpm, out, lse if have_lse else None)
@@ -231,22 +241,21 @@ class RelativeBiasAttention(torch.autograd.Function):
         prefix = None if p2p is None else (p2p.to(wd), p2t.to(wd), t2p.to(wd))
         t2d = table.detach().t().reshape(H, 2 * h - 1, 2 * w - 1).to(wd).contiguous()
         order = _key_order(L, P, q.device)
-        head_major = lambda t: t.index_select(2, order).transpose(0, 1).to(wd).contiguous()  # noqa: E731
-        kr, vr = head_major(k), head_major(v)  # (heads, B, L, d), keys reordered
+        kr = k.index_select(2, order).transpose(0, 1).to(wd).contiguous()  # (heads, B, L, d), keys reordered
+        vr1 = torch.ones(H, B, L, v.shape[-1] + 1, dtype=wd, device=q.device)  # [v | 1]: dO V^T - D in one product
+        vr1[..., :-1] = v.index_select(2, order).transpose(0, 1)
         kpr = None if kpm is None else kpm.index_select(1, order)
         dq = torch.empty(q.shape, dtype=wd, device=q.device) if need_q else None
         dkr = torch.zeros(kr.shape, dtype=wd, device=q.device) if need_k else None  # (heads, B, L, d)
-        dvr = torch.zeros(vr.shape, dtype=wd, device=q.device) if need_v else None
+        dvr = torch.zeros(kr.shape[:-1] + v.shape[-1:], dtype=wd, device=q.device) if need_v else None
         dt2d = torch.zeros_like(t2d) if need_t else None
         dpre = [torch.zeros_like(t) for t in prefix] if need_p else None
-        neg_d = -(dout.to(wd) * out.to(wd)).sum(-1, keepdim=True)  # -D (B, H, L, 1)
-        blocks = list(_row_blocks(B, H, h, w, L, ctx.chunk_bytes, True))
-        heads = list(dict.fromkeys((b.start, b.stop, hs.start, hs.stop) for b, hs, _ in blocks))
-        jobs = [(slice(b0, b1), slice(h0, h1), None) for b0, b1, h0, h1 in heads] if P else []
-        for bs, hs, ys in jobs + blocks:
-            rows = slice(0, P) if ys is None else slice(P + ys.start * w, P + ys.stop * w)
+        do1 = torch.cat([dout.to(wd), -(dout.to(wd) * out.to(wd)).sum(-1, keepdim=True)], -1)  # [dO | -D] (B, H, L, d+1)
+        ws = _Workspace(q.device, wd)
+        for bs, hs, ys in _jobs(B, H, h, w, L, P, ctx.chunk_bytes, True):
+            rows = _rows(ys, P, w)
             bias_into = lambda out, shift, hs=hs, ys=ys: _bias_block(t2d, prefix, hs, ys, w, P, out, shift)  # noqa: E731
-            ds = _backward_block(q, kr, vr, kpr, dout, neg_d, lse, bias_into, bs, hs, rows, scale, wd, dq, dkr, dvr)
+            ds = _backward_block(q, kr, vr1, kpr, do1, lse, bias_into, bs, hs, rows, scale, wd, dq, dkr, dvr, ws)
             if not (need_t or need_p):
                 continue
             g = ds.sum(1) if ds.shape[1] > 1 else ds[:, 0]  # (nh, nr, L): the bias is shared by the batch
@@ -270,6 +279,19 @@ class RelativeBiasAttention(torch.autograd.Function):
         return (None if dq is None else dq.to(q.dtype), dk, dv, dtable, *dp, None, None, None)
 
 
+def _jobs(B, H, h, w, L, P, chunk_bytes, batched):
+    """The blocks of a pass: the prefix query rows of each (batch, heads) group first (``ys`` None),
+    then ``_row_blocks``."""
+    blocks = list(_row_blocks(B, H, h, w, L, chunk_bytes, batched))
+    groups = dict.fromkeys((b.start, b.stop, hs.start, hs.stop) for b, hs, _ in blocks) if P else {}
+    return [(slice(b0, b1), slice(h0, h1), None) for b0, b1, h0, h1 in groups] + blocks
+
+
+def _rows(ys: slice | None, P: int, w: int) -> slice:
+    """Token rows of a block: the prefix rows for None, else grid rows ``ys`` after the prefix."""
+    return slice(0, P) if ys is None else slice(P + ys.start * w, P + ys.stop * w)
+
+
 def _forward_block(q, kr, vr, kpr, out, lse, bs, hs, rows, mask) -> bool:
     """One block of the forward pass into ``out`` and ``lse``; whether the kernel gave a log-sum-exp."""
     m = mask[None]  # (1, nh, nr, L): one bias for the batch
@@ -283,16 +305,17 @@ def _forward_block(q, kr, vr, kpr, out, lse, bs, hs, rows, mask) -> bool:
     return True
 
 
-def _backward_block(q, kr, vr, kpr, dout, neg_d, lse, bias_into, bs, hs, rows, scale, wd, dq, dkr, dvr):
-    """Gradients of q, k, v of one block (accumulated into dq and the head-major dkr, dvr);
-    ``bias_into(out, shift)`` writes the block's bias minus ``shift``. Returns dS, heads first.  # (nh, nb, nr, L)"""
+def _backward_block(q, kr, vr1, kpr, do1, lse, bias_into, bs, hs, rows, scale, wd, dq, dkr, dvr, ws):
+    """Gradients of q, k, v of one block, accumulated into dq and the head-major dkr, dvr; ``vr1`` is
+    [v | 1] and ``do1`` [dO | -D], so that one product gives dP - D; ``bias_into(out, shift)`` writes
+    the block's bias minus ``shift``. Returns dS, heads first (a view of ``ws``).  # (nh, nb, nr, L)"""
     nb, nh, nr = bs.stop - bs.start, hs.stop - hs.start, rows.stop - rows.start
     d = q.shape[-1]
     L = kr.shape[2]
     heads_first = lambda t: t[bs, hs, rows].transpose(0, 1).to(wd).reshape(nh * nb, nr, -1)  # noqa: E731
-    qc, do = heads_first(q), heads_first(dout)  # (nh*nb, nr, d)
-    kc, vc = kr[hs, bs].reshape(nh * nb, L, d), vr[hs, bs].reshape(nh * nb, L, -1)  # (nh*nb, L, d)
-    s = q.new_empty((nh, nb, nr, L), dtype=wd)
+    qc, do1c = heads_first(q), heads_first(do1)  # (nh*nb, nr, d), (nh*nb, nr, d+1)
+    kc, vc1 = kr[hs, bs].reshape(nh * nb, L, d), vr1[hs, bs].reshape(nh * nb, L, -1)  # (nh*nb, L, d), (.., d+1)
+    s = ws.get("scores", (nh, nb, nr, L))
     if lse is not None:  # P = exp(S - lse): the bias minus lse in one pass, then q k^T added in place
         bias_into(s, lse[bs, hs, rows, None].transpose(0, 1))
         if kpr is not None:
@@ -303,11 +326,11 @@ def _backward_block(q, kr, vr, kpr, dout, neg_d, lse, bias_into, bs, hs, rows, s
         if kpr is not None:
             s.masked_fill_(kpr[None, bs, None, :], float("-inf"))
         p = torch.softmax(s.view(nh * nb, nr, L).baddbmm_(qc, kc.transpose(1, 2), alpha=scale), dim=-1)
-    ds = torch.baddbmm(heads_first(neg_d), do, vc.transpose(1, 2))  # dP - D
+    ds = torch.bmm(do1c, vc1.transpose(1, 2), out=ws.get("grads", (nh * nb, nr, L)))  # dP - D
     ds.mul_(p)  # dS = P * (dP - D)
+    do = do1c[..., :-1]
     if dvr is not None:
         _add_bmm(dvr[hs, bs], p.transpose(1, 2), do, 1.0)
-    del p
     if dq is not None:
         dq[bs, hs, rows] = torch.bmm(ds, kc).mul_(scale).view(nh, nb, nr, d).transpose(0, 1)
     if dkr is not None:
