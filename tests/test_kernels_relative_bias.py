@@ -8,7 +8,8 @@ from vispe.attention import Attention, PosContext
 from vispe.image._bias import gather_bias
 from vispe.image.relbias import relative_position_index
 from vispe.kernels.bias_attention import attend
-from vispe.kernels.relative_bias import RelativeBias, _row_blocks, attend_relative, relative_attention
+from vispe.kernels._relative_blocks import _row_blocks
+from vispe.kernels.relative_bias import RelativeBias, attend_relative, relative_attention
 from vispe.registry import available, build_in
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -197,3 +198,38 @@ def test_row_blocks_cover_every_query_row_once(B, H, h, w, chunk):
             rows = (hs.stop - hs.start) * (ys.stop - ys.start) * w
             assert nb * rows * L * 4 <= max(chunk, w * L * 4)  # at least one grid row of one item
         assert bool((seen == 1).all())
+
+
+def test_the_kernel_as_custom_operators_for_torch_compile():
+    """opcheck (fake kernels against real ones, schema, autograd registration) on a non-square grid with
+    prefix tokens and padding; a graph recorded by torch.compile calls the operator (no dense bias, no
+    graph break) and gives eager's output and gradients."""
+    from vispe.kernels import relative_bias as rb
+
+    torch.manual_seed(0)
+    (h, w), B, H, P, d = (2, 3), 2, 2, 1, 4
+    L = P + h * w
+    q, k, v = (torch.randn(B, H, L, d, requires_grad=True) for _ in range(3))
+    table = torch.randn(3 * 5, H, requires_grad=True)
+    prefix = [torch.randn(*s, requires_grad=True) for s in ((H, P, P), (H, P), (H, P))]
+    kpm = torch.zeros(B, L, dtype=torch.bool)
+    kpm[1, -1] = True
+    torch.library.opcheck(rb._op_forward, (q, k, v, table, *prefix, kpm, h, w, 2**20))
+    grid = [t[:, :, P:].detach().clone().requires_grad_() for t in (q, k, v)]  # no prefix tokens
+    torch.library.opcheck(rb._op_forward, (*grid, table, None, None, None, None, h, w, 2**20))
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes)
+        return gm
+
+    torch._dynamo.reset()
+    fn = torch.compile(lambda *a: attend_relative(*a[:3], RelativeBias(a[3], (h, w), tuple(a[4:7]), dense=None),
+                                                  key_padding_mask=kpm), backend=backend, fullgraph=True)
+    leaves = [q, k, v, table, *prefix]
+    g = torch.randn(B, H, L, d)
+    got = _grads(lambda: fn(*leaves), leaves, g)
+    want = _grads(lambda: relative_attention(q, k, v, RelativeBias(table, (h, w), tuple(prefix), None), kpm), leaves, g)
+    assert any("relative_bias_attention" in s for s in seen), seen
+    for i, (a, b) in enumerate(zip(got, want)):
+        torch.testing.assert_close(a, b, **TOL, msg=str(i))
