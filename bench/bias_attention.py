@@ -6,7 +6,10 @@ For each grid (h x h tokens), q, k, v (batch, heads, h*h, head_dim) are leaves; 
 forward + backward of one attention layer:
 
 * ``no bias``: ``scaled_dot_product_attention(q, k, v)`` (the fused kernel);
-* ``vispe auto``: Swin's learned table (``relbias``) gathered to (1, heads, N, N) and
+* ``vispe relative``: Swin's learned table (``relbias``) kept as a table
+  (``vispe.kernels.relative_bias``: the default of vispe's attention for relative biases; the
+  dense bias is never built);
+* ``vispe auto``: the same table gathered to a dense (1, heads, N, N) bias and
   ``vispe.kernels.bias_attention.attend`` on its default path (on the CPU: "chunked");
 * ``vispe reference``: the same bias as SDPA's float mask (with a gradient: the math kernel);
 * ``timm RelPosBias``: timm's table (``timm.layers.pos_embed_rel.RelPosBias``) + SDPA, as
@@ -34,6 +37,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from vispe.image.relbias import RelBias  # noqa: E402
 from vispe.kernels.bias_attention import attend, pick_impl  # noqa: E402
+from vispe.kernels.relative_bias import RelativeBias, attend_relative  # noqa: E402
 
 
 def peak_bytes(fn, device: torch.device) -> int:
@@ -98,10 +102,14 @@ def main(argv=None) -> None:
         def vispe(impl):
             return lambda: attend(q, k, v, bias=ours((g, g), dtype=dt), impl=impl).sum().backward()
 
+        def relative():
+            table = ours.relative_table((g, g), dev).to(dt)
+            return attend_relative(q, k, v, RelativeBias(table, (g, g), None, dense=None)).sum().backward()
+
         def timm_row():
             F.scaled_dot_product_attention(q, k, v, attn_mask=theirs.get_bias().to(dt)).sum().backward()
 
-        rows = {"no bias": no_bias, "vispe auto": vispe("auto")}
+        rows = {"no bias": no_bias, "vispe relative": relative, "vispe auto": vispe("auto")}
         math_bytes = 4 * B * H * N * N * 4  # scores, probabilities and their gradients
         skipped = []
         if math_bytes <= args.max_gb * 2**30:
@@ -118,7 +126,7 @@ def main(argv=None) -> None:
         with torch.enable_grad():
             auto_path = pick_impl("auto", q, ours((g, g)))
         for n in rows:
-            path = {"no bias": "sdpa", "vispe auto": auto_path, "vispe reference": "reference",
+            path = {"no bias": "sdpa", "vispe relative": "relative", "vispe auto": auto_path, "vispe reference": "reference",
                     "timm RelPosBias": "reference"}[n]
             print(f"| {g}x{g} | {N} | {n} | {path} | {ms(times, n):.1f} | {ratio(times, n, 'no bias'):.2f} | "
                   f"{ratio(times, n, 'no bias', 'cpu'):.2f} | {mem[n] / 2**20:.1f} | {mem[n] / mem['no bias']:.2f} |")
