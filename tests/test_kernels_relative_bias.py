@@ -233,3 +233,28 @@ def test_the_kernel_as_custom_operators_for_torch_compile():
     assert any("relative_bias_attention" in s for s in seen), seen
     for i, (a, b) in enumerate(zip(got, want)):
         torch.testing.assert_close(a, b, **TOL, msg=str(i))
+
+
+@pytest.mark.parametrize("onednn", [True, False])
+def test_float32_backward_through_onednn_and_through_bmm(onednn, monkeypatch):
+    """float32 on the CPU: the backward's products through oneDNN's linear (where torch has it) or torch's
+    bmm, both against the dense bias in SDPA, batch of 3 (summed into the table), prefix and padding."""
+    from vispe.kernels import _relative_blocks
+
+    if onednn and not _relative_blocks.onednn_linear():
+        pytest.skip("this torch has no oneDNN linear")
+    monkeypatch.setattr(_relative_blocks, "onednn_linear", lambda: onednn)
+    torch.manual_seed(0)
+    (h, w), B, H, P, d = (3, 4), 3, 2, 1, 8
+    L = P + h * w
+    q, k, v = (torch.randn(B, H, L, d, requires_grad=True) for _ in range(3))
+    table = torch.randn((2 * h - 1) * (2 * w - 1), H, requires_grad=True)
+    prefix = tuple(torch.randn(*s, requires_grad=True) for s in ((H, P, P), (H, P), (H, P)))
+    kpm = torch.zeros(B, L, dtype=torch.bool)
+    kpm[2, -3:] = True
+    leaves, g = [q, k, v, table, *prefix], torch.randn(B, H, L, d)
+    got = _grads(lambda: relative_attention(q, k, v, RelativeBias(table, (h, w), prefix, None), kpm, 2 * w * L * 4), leaves, g)
+    want = _grads(lambda: attend(q, k, v, bias=dense(table, (h, w), prefix), key_padding_mask=kpm, impl="reference"),
+                  leaves, g)
+    for i, (a, b) in enumerate(zip(got, want)):
+        torch.testing.assert_close(a, b, **TOL, msg=str(i))
