@@ -331,8 +331,11 @@ def plot(res: dict, encs: list[str], tokens: list[int], modes: list[str], path: 
 def commit() -> str:
     def git(*a):
         return subprocess.run(["git", "-C", ROOT, *a], capture_output=True, text=True).stdout.strip()
+    head = git("rev-parse", "--short", "HEAD")
+    if not head:  # a copy of the tree outside git (git archive): the commit it was taken at, if given
+        return os.environ.get("VISPE_COMMIT", "unknown (not a git checkout)")
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", "vispe", "bench")
-    return git("rev-parse", "--short", "HEAD") + (" + uncommitted changes to vispe/ or bench/" if dirty else "")
+    return head + (" + uncommitted changes to vispe/ or bench/" if dirty else "")
 
 
 def main(argv=None) -> None:
