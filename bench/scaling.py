@@ -18,7 +18,8 @@ time (steadier on a shared machine, but blind to work that runs on one thread wh
 waits: read both). Sizes with ``N >= 4096`` run ``--rounds-large`` rounds.
 
 Memory (``--memory``, on by default): one subprocess per mode (fresh allocator state) builds each
-model in turn, runs one warm-up step, then measures two ways:
+model in turn, runs one warm-up step, then measures two ways (every model the first way, then every
+model the second):
 
 * ``rss``: the process's peak resident memory during one step (``VmHWM`` of /proc/self/status,
   reset before the step through /proc/self/clear_refs), minus its resident memory before the model
@@ -185,24 +186,31 @@ def alloc_peak(fn) -> int:
 
 
 def memory_worker(mode: str, tokens: list[int], rows: list[str]) -> None:
-    """Print one JSON line per (tokens, row): rss and alloc peaks in bytes (module docstring)."""
+    """Print one JSON line per (tokens, row) and measure ("rss" then "alloc", bytes; module docstring).
+
+    Every resident-memory measurement comes before the first profiled one: memory the profiler
+    allocated and freed stayed in the process and was reused by the next models' steps (a step's
+    resident growth then read 25 MB where it is 128)."""
     warm = runner(build("vispe none", GRIDS[64]), mode, *inputs(64))  # thread pools, oneDNN caches
     warm(), warm()
     del warm
-    for n in tokens:
-        x, y = inputs(n)
-        for row in rows:
-            gc.collect()
-            base = _status("VmRSS")
-            fn = runner(build(row, GRIDS[n]), mode, x, y)
-            fn()  # warm-up: gradients, optimiser state, cached tables
-            gc.collect()
-            _reset_peak()
-            fn()
-            rss = _status("VmHWM") - base
-            alloc = alloc_peak(fn)
-            print(json.dumps({"mode": mode, "tokens": n, "row": row, "rss": rss, "alloc": alloc}), flush=True)
-            del fn
+    for measure in ("rss", "alloc"):
+        for n in tokens:
+            x, y = inputs(n)
+            for row in rows:
+                gc.collect()
+                base = _status("VmRSS")
+                fn = runner(build(row, GRIDS[n]), mode, x, y)
+                fn()  # warm-up: gradients, optimiser state, cached tables
+                gc.collect()
+                if measure == "rss":
+                    _reset_peak()
+                    fn()
+                    value = _status("VmHWM") - base
+                else:
+                    value = alloc_peak(fn)
+                print(json.dumps({"mode": mode, "tokens": n, "row": row, measure: value}), flush=True)
+                del fn
     gc.collect()
 
 
@@ -216,8 +224,8 @@ def measure_memory(mode: str, tokens: list[int], rows: list[str], threads: int |
     for line in out.splitlines():
         if line.startswith("{"):
             r = json.loads(line)
-            res[(r["tokens"], r["row"])] = (r["rss"], r["alloc"])
-    return res
+            res.setdefault((r["tokens"], r["row"]), {}).update({k: r[k] for k in ("rss", "alloc") if k in r})
+    return {key: (v["rss"], v["alloc"]) for key, v in res.items()}
 
 
 # --- report -----------------------------------------------------------------------------------------

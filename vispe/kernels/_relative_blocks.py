@@ -152,27 +152,30 @@ def backward_blocks(dout, q, k, v, table, p2p, p2t, t2p, kpm, out, lse, shape, c
     dpre = [torch.zeros_like(t) for t in prefix] if need_p else None
     do1 = torch.cat([dout.to(wd), -(dout.to(wd) * out.to(wd)).sum(-1, keepdim=True)], -1)  # [dO | -D] (B, H, L, d+1)
     ws = _Workspace(q.device, wd)
-    for bs, hs, ys in _jobs(B, H, h, w, L, P, chunk_bytes, True):
-        rows = _rows(ys, P, w)
-        bias_into = lambda out, shift, hs=hs, ys=ys: _bias_block(t2d, prefix, hs, ys, w, P, out, shift)  # noqa: E731
-        if dnn:
-            g = _backward_block_dnn(q, kr, krt, vr1, kpr, do1, lse, bias_into, bs, hs, rows, scale, dq, dkr, dvr,
-                                    ws, need_t or need_p)
-        else:
-            ds = _backward_block(q, kr, vr1, kpr, do1, lse, bias_into, bs, hs, rows, scale, wd, dq, dkr, dvr, ws)
-            g = ds.sum(1) if ds.shape[1] > 1 else ds[:, 0]  # (nh, nr, L): the bias is shared by the batch
-        if not (need_t or need_p):
-            continue
+    def take(g, hs, ys):  # the block's bias gradient g (nh, nr, L), summed over the batch, into the tables
         if ys is None:
             if need_p:
                 dpre[0][hs] += g[..., :P]
                 dpre[1][hs] += g[..., P:].sum(-1)
-            continue
+            return
         if need_p and P:
             dpre[2][hs] += g[..., :P].sum(1)
         if need_t:
             ny = ys.stop - ys.start
             _fold_grid_rows(g[..., P:].unflatten(1, (ny, w)).unflatten(-1, (h, w)), ys, w, dt2d[hs])
+
+    want_g = need_t or need_p
+    for bs, hs, ys in _jobs(B, H, h, w, L, P, chunk_bytes, not dnn):  # oneDNN: one batch item at a time
+        rows = _rows(ys, P, w)
+        bias_into = lambda out, shift, hs=hs, ys=ys: _bias_block(t2d, prefix, hs, ys, w, P, out, shift)  # noqa: E731
+        if dnn:
+            one_head = lambda out, shift, hd, ys=ys: _bias_block(t2d, prefix, slice(hd, hd + 1), ys, w, P, out, shift)  # noqa: E731
+            _backward_block_dnn(q, kr, krt, vr1, kpr, do1, lse, one_head, bs, hs, rows, scale, dq, dkr, dvr, ws,
+                                (lambda g, hd, ys=ys: take(g, slice(hd, hd + 1), ys)) if want_g else None)
+            continue
+        ds = _backward_block(q, kr, vr1, kpr, do1, lse, bias_into, bs, hs, rows, scale, wd, dq, dkr, dvr, ws)
+        if want_g:
+            take(ds.sum(1) if ds.shape[1] > 1 else ds[:, 0], hs, ys)  # (nh, nr, L): the bias is shared by the batch
     if dnn:  # back to (heads, B, L, d)
         dkr = None if dkr is None else dkr.transpose(-1, -2)
         dvr = None if dvr is None else dvr.transpose(-1, -2)
@@ -242,38 +245,43 @@ def _backward_block(q, kr, vr1, kpr, do1, lse, bias_into, bs, hs, rows, scale, w
     return ds.view(nh, nb, nr, L)
 
 
-def _backward_block_dnn(q, kr, krt, vr1, kpr, do1, lse, bias_into, bs, hs, rows, scale, dq, dkrt, dvrt, ws, want_g):
+def _backward_block_dnn(q, kr, krt, vr1, kpr, do1, lse, bias_into, bs, hs, rows, scale, dq, dkrt, dvrt, ws, take):
     """``_backward_block`` through oneDNN's matrix products, one (head, batch item) at a time (float32 on
     the CPU, where they ran 2-3.6x faster than torch's MKL ``bmm`` for these shapes on an AMD EPYC);
-    dkrt and dvrt are transposed, (heads, B, d, L). Returns dS summed over the block's batch items
-    when ``want_g``.  # (nh, nr, L)"""
+    dkrt and dvrt are transposed, (heads, B, d, L); ``bias_into(out, shift, head)`` writes one head's
+    bias minus ``shift``. ``take(g, head)`` receives each head's dS summed over the batch items (1, nr, L).
+    At most four (nr, L) buffers live at a time: the bias, P, dS and the batch sum."""
     nb, nh, nr = bs.stop - bs.start, hs.stop - hs.start, rows.stop - rows.start
     L = kr.shape[2]
-    s = ws.get("scores", (nh, nb, nr, L))
-    bias_into(s, lse[bs, hs, rows, None].transpose(0, 1))  # bias - lse, (nh, nb, nr, L)
-    if kpr is not None:
-        s.masked_fill_(kpr[None, bs, None, :], float("-inf"))
-    g = ws.get("bias_grad", (nh, nr, L)) if want_g else None
     for i in range(nh):
         hd = hs.start + i
+        g = None
         for j in range(nb):
             b = bs.start + j
+            s = bias_into(ws.get("scores", (1, 1, nr, L)), lse[b, hd, rows, None][None, None], hd)  # bias - lse
+            if kpr is not None:
+                s.masked_fill_(kpr[b, None, None, None, :], float("-inf"))
             qs = q[b, hd, rows].float().mul(scale)  # (nr, d), scaled
             do1c = do1[b, hd, rows].contiguous()  # (nr, d+1) = [dO | -D]
-            p = _LINEAR.binary(qs, s[i, j], kr[hd, b], None, "add").exp_()  # exp(S - lse)  (nr, L)
-            ds = _linear(do1c, vr1[hd, b]).mul_(p)  # dS = P (dP - D)  (nr, L)
+            p = _LINEAR.binary(qs, s[0, 0], kr[hd, b], None, "add").exp_()  # exp(S - lse)  (nr, L)
             if dvrt is not None:
                 dvrt[hd, b] += _linear(do1c[:, :-1].t().contiguous(), p.t())  # dV^T += dO^T P  (d, L)
+            ds = _linear(do1c, vr1[hd, b]).mul_(p)  # dS = P (dP - D)  (nr, L)
+            del p
             if dq is not None:
                 dq[b, hd, rows] = _linear(ds, krt[hd, b]).mul_(scale)  # dQ = scale dS K
             if dkrt is not None:
                 dkrt[hd, b] += _linear(qs.t().contiguous(), ds.t())  # dK^T += scale Q^T dS
-            if g is not None:
-                if j == 0:
-                    g[i].copy_(ds)
+            if take is not None:
+                if g is None:
+                    g = ds
+                elif j == 1:
+                    g = torch.add(g, ds, out=ws.get("bias_grad", (nr, L)))
                 else:
-                    g[i] += ds
-    return g
+                    g += ds
+            del ds
+        if g is not None:
+            take(g[None], hd)
 
 
 _LINEAR = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if hasattr(torch.ops, "mkldnn") else None
