@@ -30,7 +30,7 @@ def test_kernels_match_torchs_own_choice():
         want = NAMES[torch._fused_sdp_choice(q, q, q, attn_mask=learned.detach())]
     assert [r.layer for r in rows] == ["blocks.0.attn", "blocks.1.attn"]
     assert [r.kernel for r in rows] == [want, want]
-    set_impl(m, bias="auto")
+    set_impl(m, bias="chunked")
     with torch.no_grad():  # the relative kernel: blocks of the bias, each through the fused kernel
         assert [r.kernel for r in explain(m, x)] == ["chunked+flash"] * 2
     m.train()
@@ -41,6 +41,10 @@ def test_kernels_match_torchs_own_choice():
     assert [r.kernel for r in rows] == [want, want]
     assert all("SafeSoftmaxBackward0" in r.backward for r in rows)  # math's backward: its decomposition
     set_impl(m, bias="auto")  # vispe's function, whose forward runs the fused kernel
+    rows = explain(m, x, backward=True)
+    assert [r.kernel for r in rows] == ["chunked+flash"] * 2
+    assert all(r.backward == ["BiasedAttentionBackward"] for r in rows)  # 17 tokens: the dense bias
+    set_impl(m, bias="chunked")  # the relative kernel (auto's choice from 2 MiB of dense bias on)
     rows = explain(m, x, backward=True)
     assert [r.kernel for r in rows] == ["chunked+flash"] * 2
     assert all(r.backward == ["RelativeBiasAttentionBackward"] for r in rows)

@@ -111,11 +111,13 @@ def test_attention_auto_equals_reference_for_every_relative_encoding(name, kw):
     mask[1, :, 3] = True
     ctx = PosContext((h, w), P, mask)
     x = torch.randn(2, P + h * w, C)
-    got, want = _attention(pe, "auto", x, ctx), _attention(pe, "reference", x, ctx)
-    assert len(got) == len(want) > 4
-    for i, (a, b) in enumerate(zip(got, want)):
-        torch.testing.assert_close(a, b, **TOL, msg=str(i))
-    torch.testing.assert_close(_attention(pe, "auto", x, ctx, grad=False)[0], want[0], **TOL)
+    want = _attention(pe, "reference", x, ctx)
+    for impl in ("auto", "chunked"):  # this small grid: the dense bias; the relative kernel
+        got = _attention(pe, impl, x, ctx)
+        assert len(got) == len(want) > 4
+        for i, (a, b) in enumerate(zip(got, want)):
+            torch.testing.assert_close(a, b, **TOL, msg=f"{impl} {i}")
+        torch.testing.assert_close(_attention(pe, impl, x, ctx, grad=False)[0], want[0], **TOL)
 
 
 def test_bfloat16_inputs_match_the_reference_to_bfloat16_precision():
@@ -138,9 +140,11 @@ def test_bfloat16_inputs_match_the_reference_to_bfloat16_precision():
         torch.testing.assert_close(a.float(), b, rtol=0.05, atol=0.05, msg=str(i))
 
 
-def test_other_paths_take_the_dense_bias():
-    """"reference", a caller's attn_mask or dropout: ``attend`` with ``dense()``; "chunked" refuses
-    dropout by name."""
+def test_other_paths_take_the_dense_bias(monkeypatch):
+    """"reference", a caller's attn_mask or dropout, and "auto" below DENSE_BYTES: ``attend`` with
+    ``dense()``; "chunked" refuses dropout by name."""
+    from vispe.kernels import relative_bias as rb
+
     torch.manual_seed(0)
     q = torch.randn(1, 2, 5, 4)
     table = torch.randn(3 * 3, 2)
@@ -149,11 +153,14 @@ def test_other_paths_take_the_dense_bias():
                        dense=lambda: calls.append(1) or dense(table, (2, 2), rel.prefix))
     want = attend(q, q, q, bias=dense(table, (2, 2), rel.prefix), impl="reference")
     torch.testing.assert_close(attend_relative(q, q, q, rel), want, **TOL)
-    assert not calls  # the relative kernel: no dense bias
+    assert len(calls) == 1  # a small problem: the dense bias
+    monkeypatch.setattr(rb, "DENSE_BYTES", 0)
+    torch.testing.assert_close(attend_relative(q, q, q, rel), want, **TOL)
+    assert len(calls) == 1  # the relative kernel: no dense bias
     torch.testing.assert_close(attend_relative(q, q, q, rel, impl="reference"), want, **TOL)
     mask = torch.ones(1, 1, 5, 5, dtype=torch.bool)
     torch.testing.assert_close(attend_relative(q, q, q, rel, attn_mask=mask), want, **TOL)
-    assert len(calls) == 2
+    assert len(calls) == 3
     with pytest.raises(ValueError, match="dropout_p=0.1"):
         attend_relative(q, q, q, rel, impl="chunked", dropout_p=0.1)
     with pytest.raises(ValueError, match=r"table has shape \(9, 2\)"):
@@ -200,12 +207,13 @@ def test_row_blocks_cover_every_query_row_once(B, H, h, w, chunk):
         assert bool((seen == 1).all())
 
 
-def test_the_kernel_as_custom_operators_for_torch_compile():
+def test_the_kernel_as_custom_operators_for_torch_compile(monkeypatch):
     """opcheck (fake kernels against real ones, schema, autograd registration) on a non-square grid with
     prefix tokens and padding; a graph recorded by torch.compile calls the operator (no dense bias, no
     graph break) and gives eager's output and gradients."""
     from vispe.kernels import relative_bias as rb
 
+    monkeypatch.setattr(rb, "DENSE_BYTES", 0)  # the operator also for this small problem
     torch.manual_seed(0)
     (h, w), B, H, P, d = (2, 3), 2, 2, 1, 4
     L = P + h * w
@@ -245,7 +253,7 @@ def test_float32_backward_through_onednn_and_through_bmm(onednn, monkeypatch):
         pytest.skip("this torch has no oneDNN linear")
     monkeypatch.setattr(_relative_blocks, "onednn_linear", lambda: onednn)
     torch.manual_seed(0)
-    (h, w), B, H, P, d = (3, 4), 3, 2, 1, 8
+    (h, w), B, H, P, d = (3, 200), 3, 2, 1, 8  # 601 keys: oneDNN's products from 512 keys on
     L = P + h * w
     q, k, v = (torch.randn(B, H, L, d, requires_grad=True) for _ in range(3))
     table = torch.randn((2 * h - 1) * (2 * w - 1), H, requires_grad=True)

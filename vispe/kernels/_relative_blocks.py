@@ -139,7 +139,7 @@ def backward_blocks(dout, q, k, v, table, p2p, p2t, t2p, kpm, out, lse, shape, c
     vr1 = torch.ones(H, B, L, v.shape[-1] + 1, dtype=wd, device=q.device)  # [v | 1]: dO V^T - D in one product
     vr1[..., :-1] = v.index_select(2, order).transpose(0, 1)
     kpr = None if kpm is None else kpm.index_select(1, order)
-    dnn = wd == torch.float32 and lse is not None and q.device.type == "cpu" and onednn_linear()
+    dnn = wd == torch.float32 and lse is not None and L >= 512 and q.device.type == "cpu" and onednn_linear()
     dq = torch.empty(q.shape, dtype=wd, device=q.device) if need_q else None
     if dnn:  # oneDNN's products give dK and dV transposed: (heads, B, d, L)
         krt = kr.transpose(-1, -2).contiguous()  # (heads, B, d, L)

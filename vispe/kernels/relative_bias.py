@@ -45,6 +45,12 @@ from vispe import _checks, _tracing
 from vispe.kernels._relative_blocks import backward_blocks, forward_blocks
 from vispe.kernels.bias_attention import BIAS_IMPLS, attend
 
+#: the dense bias, (heads, L, L) float32, up to which "auto" builds it (SDPA's fused forward in one call
+#: and the dense chunked backward, bias_attention): below it the relative kernel's per-block work costs
+#: more than the bias (at 8x8 tokens, 8 images and 6 heads: 1.1-1.4x attention without bias, against
+#: 1.7-3.8x for this kernel, bench/bias_attention.py)
+DENSE_BYTES = 2 * 2**20
+
 #: bytes of one (query rows, keys) float32 buffer: the forward's bias block; at most four live at once
 #: in the backward (bias, P, dS and a batch sum); 4 MiB ran as fast as 8 MiB at 1,024 and 4,096 tokens
 CHUNK_BYTES = 4 * 2**20
@@ -92,18 +98,20 @@ def attend_relative(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Rel
                     chunk_bytes: int | None = None) -> torch.Tensor:
     """``bias_attention.attend`` for a ``RelativeBias``.  # (B, heads, L, d)
 
-    "auto" and "chunked" run ``relative_attention`` (on the CPU for "auto"; with or without
-    gradients, so that inference never builds the dense bias either); "auto" takes the dense bias
-    (``bias.dense()``) to ``attend`` on CUDA, while torch.compile / torch.export record, with
-    dropout, a causal mask or a caller's ``attn_mask``, as do "reference" and "flex".
+    "chunked", and "auto" on the CPU when the dense bias would exceed ``DENSE_BYTES``, run
+    ``relative_attention`` (with or without gradients, so that inference never builds the dense
+    bias either; as the custom operator while torch.compile records). "auto" takes the dense bias
+    (``bias.dense()``) to ``attend`` for smaller problems, on CUDA, under torch.export, with dropout,
+    a causal mask or a caller's ``attn_mask``, as do "reference" and "flex".
     """
     _checks.choice("impl", impl, BIAS_IMPLS)
     plain = dropout_p == 0 and not is_causal and attn_mask is None
     chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
-    if impl == "auto" and plain and q.device.type == "cpu" and _compiled_op_fits(q, bias):
+    small = q.shape[1] * len(bias) ** 2 * 4 <= DENSE_BYTES
+    if impl == "auto" and plain and not small and q.device.type == "cpu" and _compiled_op_fits(q, bias):
         return _op_attention(q, k, v, bias, key_padding_mask, chunk_bytes)  # torch.compile records
     if impl == "auto":
-        fast = plain and q.device.type == "cpu" and not _tracing.is_tracing()
+        fast = plain and not small and q.device.type == "cpu" and not _tracing.is_tracing()
     elif impl == "chunked":
         fast = plain and not _tracing.is_tracing()  # attend refuses the rest, with the reason
     else:
