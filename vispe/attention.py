@@ -175,7 +175,8 @@ class Attention(TimmAttention):
         kpm = kv_ctx.key_padding_mask if kv_ctx is not None else None
         if kpm is not None and kpm.shape != (B, k.shape[-2]):
             raise ValueError(f"the padding mask covers {tuple(kpm.shape)} (B, keys): expected ({B}, {k.shape[-2]})")
-        attend = relative_bias.attend_relative if isinstance(bias, relative_bias.RelativeBias) else bias_attention.attend
+        relative = isinstance(bias, relative_bias.RelativeBias)
+        attend = relative_bias.attend_relative if relative else bias_attention.attend
         x = attend(q, k, v, bias=bias, attn_mask=attn_mask, key_padding_mask=kpm,
                    dropout_p=self.attn_drop.p if self.training else 0.0, is_causal=is_causal,
                    impl=self.bias_impl)  # (B, heads, L, hd)

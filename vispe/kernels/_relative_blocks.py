@@ -117,7 +117,8 @@ def forward_blocks(q, k, v, table, p2p, p2t, t2p, kpm, shape, chunk_bytes):
     ws = _Workspace(q.device, td)
     for bs, hs, ys in _jobs(B, H, h, w, L, P, chunk_bytes, kpm is not None):
         rows = _rows(ys, P, w)
-        mask = _bias_block(t2d, prefix, hs, ys, w, P, ws.get("bias", (hs.stop - hs.start, 1, rows.stop - rows.start, L)))
+        buf = ws.get("bias", (hs.stop - hs.start, 1, rows.stop - rows.start, L))
+        mask = _bias_block(t2d, prefix, hs, ys, w, P, buf)
         have_lse &= _forward_block(q, kr, vr, kpr, out, lse, bs, hs, rows, mask[:, 0])
     return out, (lse if have_lse else None)
 
@@ -169,7 +170,8 @@ def backward_blocks(dout, q, k, v, table, p2p, p2t, t2p, kpm, out, lse, shape, c
         rows = _rows(ys, P, w)
         bias_into = lambda out, shift, hs=hs, ys=ys: _bias_block(t2d, prefix, hs, ys, w, P, out, shift)  # noqa: E731
         if dnn:
-            one_head = lambda out, shift, hd, ys=ys: _bias_block(t2d, prefix, slice(hd, hd + 1), ys, w, P, out, shift)  # noqa: E731
+            one_head = lambda out, shift, hd, ys=ys: _bias_block(  # noqa: E731
+                t2d, prefix, slice(hd, hd + 1), ys, w, P, out, shift)
             _backward_block_dnn(q, kr, krt, vr1, kpr, do1, lse, one_head, bs, hs, rows, scale, dq, dkr, dvr, ws,
                                 (lambda g, hd, ys=ys: take(g, slice(hd, hd + 1), ys)) if want_g else None)
             continue
@@ -182,7 +184,8 @@ def backward_blocks(dout, q, k, v, table, p2p, p2t, t2p, kpm, out, lse, shape, c
     dk = None if not need_k else dkr.transpose(0, 1).index_select(2, order).to(k.dtype)
     dv = None if not need_v else dvr.transpose(0, 1).index_select(2, order).to(v.dtype)
     dtable = None if dt2d is None else dt2d.reshape(H, -1).t().to(table.dtype)
-    dp = [None] * 3 if dpre is None else [g.to(t.dtype) if n else None for g, t, n in zip(dpre, (p2p, p2t, t2p), needs[4:7])]
+    dp = [None] * 3 if dpre is None else [g.to(t.dtype) if n else None
+                                          for g, t, n in zip(dpre, (p2p, p2t, t2p), needs[4:7])]
     return (None if dq is None else dq.to(q.dtype), dk, dv, dtable, *dp)
 
 

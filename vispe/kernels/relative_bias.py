@@ -171,8 +171,8 @@ def _op_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.
                 chunk_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = forward_blocks(q, k, v, table, p2p, p2t, t2p, kpm, (h, w), chunk_bytes)
     if lse is None:
-        raise RuntimeError("vispe::relative_bias_attention: the fused SDPA kernel gave no log-sum-exp (float32 on the CPU "
-                           "expected); run the model eagerly or set bias_impl='reference'")
+        raise RuntimeError("vispe::relative_bias_attention: the fused SDPA kernel gave no log-sum-exp (float32 on "
+                           "the CPU expected); run the model eagerly or set bias_impl='reference'")
     return out.contiguous(), lse.contiguous()
 
 
