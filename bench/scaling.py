@@ -126,10 +126,20 @@ def rows_for(encs: list[str], with_timm: bool) -> list[str]:
     return rows
 
 
+IMPLS: dict = {}  # set_impl(**IMPLS) on every vispe model (--rope-impl, --bias-impl)
+
+
 def build(row: str, grid) -> torch.nn.Module:
     lib, pe = row.split(" ", 1)
     torch.manual_seed(0)
-    return vispe_model(pe, grid) if lib == "vispe" else timm_model(TIMM[pe], grid)
+    if lib != "vispe":
+        return timm_model(TIMM[pe], grid)
+    model = vispe_model(pe, grid)
+    if IMPLS:
+        from vispe.kernels import set_impl
+
+        set_impl(model, **IMPLS)
+    return model
 
 
 def runner(model: torch.nn.Module, mode: str, x: torch.Tensor, y: torch.Tensor):
@@ -218,6 +228,7 @@ def measure_memory(mode: str, tokens: list[int], rows: list[str], threads: int |
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", PYTHONPATH=ROOT)
     cmd = [sys.executable, os.path.abspath(__file__), "--memory-worker", mode, "--tokens", *map(str, tokens),
            "--rows", *rows] + (["--threads", str(threads)] if threads else [])
+    cmd += [a for k, v in IMPLS.items() for a in (f"--{k}-impl", v)]
     print(f"memory ({mode}) in a subprocess ...", file=sys.stderr, flush=True)
     out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
     res = {}
@@ -356,6 +367,8 @@ def main(argv=None) -> None:
     ap.add_argument("--no-timm", action="store_true")
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--rope-impl", default=None, help="vispe.kernels.set_impl(rope=...) on every vispe model")
+    ap.add_argument("--bias-impl", default=None, help="vispe.kernels.set_impl(bias=...) on every vispe model")
     ap.add_argument("--json", default=None, help="write every figure here")
     ap.add_argument("--plot", default=None, help="write the ratio-vs-tokens figure here (PNG)")
     ap.add_argument("--memory-worker", default=None, choices=["train", "infer"], help=argparse.SUPPRESS)
@@ -364,6 +377,7 @@ def main(argv=None) -> None:
     positive_args(ap, args, "rounds", "rounds_large")
     if args.threads:
         torch.set_num_threads(args.threads)
+    IMPLS.update({k: v for k, v in (("rope", args.rope_impl), ("bias", args.bias_impl)) if v})
     if args.memory_worker:
         memory_worker(args.memory_worker, args.tokens, args.rows)
         return
