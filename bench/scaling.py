@@ -244,10 +244,11 @@ def fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
-def verdict(v: float | None, target: float | None) -> str:
+def verdict(v: float | None, target: float | None, cpu: float | None = None) -> str:
     if target is None or v is None:
         return ""
-    return f"<= {target:g}: {'met' if v <= target else 'NOT met'}"
+    word = lambda x: "met" if x <= target else "NOT met"  # noqa: E731
+    return f"<= {target:g}: {word(v)}" + ("" if cpu is None else f" in wall time, {word(cpu)} in CPU time")
 
 
 def report(res: dict, encs: list[str], tokens: list[int], modes: list[str], with_timm: bool) -> None:
@@ -298,15 +299,18 @@ def report(res: dict, encs: list[str], tokens: list[int], modes: list[str], with
         for n in (1024, 4096):
             c = tt.get(str(n), {}).get(f"vispe {pe}")
             if c:
-                print(f"- {pe} train time at {n} tokens: {c['wall']:.2f} [{c['cpu']:.2f}] {verdict(c['wall'], target)}")
+                print(f"- {pe} train time at {n} tokens: {c['wall']:.2f} [{c['cpu']:.2f}] (wall quartiles "
+                      f"{c['q1']:.2f}-{c['q3']:.2f}) {verdict(c['wall'], target, c['cpu'])}")
         c = mm.get("4096", {}).get(f"vispe {pe}")
         if c and family(pe) == "bias":
             print(f"- {pe} train peak memory at 4096 tokens: {c['rss']:.2f} rss [{c['alloc']:.2f} alloc] "
                   f"{verdict(c['rss'], TARGET_BIAS_MEMORY)}")
 
 
-def plot(res: dict, encs: list[str], tokens: list[int], modes: list[str], path: str, title: str) -> None:
+def plot(res: dict, encs: list[str], tokens: list[int], modes: list[str], path: str, title: str,
+         clock: str = "wall") -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -320,7 +324,7 @@ def plot(res: dict, encs: list[str], tokens: list[int], modes: list[str], path: 
     colour = lambda i: cmap((2 * i) % 20 + (2 * i) // 20)  # noqa: E731  (dark hues first, then light)
     for ax, (mode, kind) in zip(axes.flat, panels):
         data = res[kind][mode]
-        key = "wall" if kind == "time" else "rss"
+        key = clock if kind == "time" else "rss"
         for i, pe in enumerate(encs):
             for lib in ("vispe", "timm"):
                 pts = [(n, data[str(n)][f"{lib} {pe}"][key]) for n in tokens
@@ -334,9 +338,14 @@ def plot(res: dict, encs: list[str], tokens: list[int], modes: list[str], path: 
                     ax.plot(xs, ys, ":", marker="x", ms=4, color=colour(i), alpha=0.6, label=f"timm {TIMM[pe]}")
         ax.axhline(1.0, color="k", lw=0.6)
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")  # timm's dense biases reach 10-18x: a log axis keeps the lines near 1 apart
+        lo, hi = ax.get_ylim()
+        ticks = [t for t in (0.5, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.5, 2, 3, 5, 10, 20) if lo <= t <= hi]
+        ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xticks(tokens, [str(n) for n in tokens])
         ax.set_xlabel("tokens (grid tokens, + 1 class token)")
-        ax.set_ylabel(f"{'step time (wall)' if kind == 'time' else 'peak resident memory'} / vispe none")
+        ax.set_ylabel(f"{f'step time ({clock})' if kind == 'time' else 'peak resident memory'} / vispe none (log)")
         ax.set_title(f"{mode}: {kind}")
         ax.grid(alpha=0.3)
     for ax in axes.flat[len(panels):]:
@@ -371,6 +380,9 @@ def main(argv=None) -> None:
     ap.add_argument("--bias-impl", default=None, help="vispe.kernels.set_impl(bias=...) on every vispe model")
     ap.add_argument("--json", default=None, help="write every figure here")
     ap.add_argument("--plot", default=None, help="write the ratio-vs-tokens figure here (PNG)")
+    ap.add_argument("--plot-clock", default="wall", choices=["wall", "cpu"], help="the time the figure shows")
+    ap.add_argument("--replot", default=None, metavar="JSON", help="only redraw --plot (and reprint the tables) "
+                    "from a --json file of an earlier run")
     ap.add_argument("--memory-worker", default=None, choices=["train", "infer"], help=argparse.SUPPRESS)
     ap.add_argument("--rows", nargs="*", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -380,6 +392,19 @@ def main(argv=None) -> None:
     IMPLS.update({k: v for k, v in (("rope", args.rope_impl), ("bias", args.bias_impl)) if v})
     if args.memory_worker:
         memory_worker(args.memory_worker, args.tokens, args.rows)
+        return
+    if args.replot:
+        with open(args.replot) as f:
+            res = json.load(f)
+        encs = [r.split(" ", 1)[1] for r in next(iter(next(iter(res["time"].values())).values())) if r.startswith("vispe ")]
+        tokens = [int(n) for n in next(iter(res["time"].values()))]
+        modes = [m for m in ("train", "infer") if res["time"].get(m)]
+        title = (f"ViT width {WIDTH}, depth {DEPTH}, {HEADS} heads, patch {PATCH}, {TOKENS_PER_STEP} tokens per step; "
+                 f"commit {res['commit']}\n{res['machine']}")
+        print(f"# {res['machine']}\n# command: {res['command']}")
+        report(res, encs, tokens, modes, any(r.startswith("timm ") for c in res["time"].values() for r in next(iter(c.values()))))
+        if args.plot:
+            plot(res, encs, tokens, modes, args.plot, title, args.plot_clock)
         return
     all_encs = encodings()
     encs = args.encodings or all_encs
@@ -427,7 +452,7 @@ def main(argv=None) -> None:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
     if args.plot:
-        plot(res, encs, args.tokens, args.modes, args.plot, title)
+        plot(res, encs, args.tokens, args.modes, args.plot, title, args.plot_clock)
 
 
 if __name__ == "__main__":
