@@ -60,10 +60,14 @@ def _fold_grid_rows(g: torch.Tensor, ys: slice, w: int, dt2d: torch.Tensor) -> N
         dt2d[:, y:y + h] += acc[:, i]
 
 
-def _bias_block(t2d, prefix, hs, ys, w, P, out, shift=None):
-    """The bias of grid query rows ``ys`` (the prefix rows when ``ys`` is None), heads ``hs``, keys in
-    kernel order (prefix, then grid reversed), minus ``shift`` (nh, nb, nr, 1) if given, written
-    into ``out`` (nh, nb, nr, L) in one pass.  # out"""
+def _bias_block(t2d, prefix, hs, ys, w, P, out, shift=None, pre=False):
+    """The bias of grid query rows ``ys`` (the prefix rows when ``ys`` is None; both, prefix rows
+    first, when ``pre``), heads ``hs``, keys in kernel order (prefix, then grid reversed), minus
+    ``shift`` (nh, nb, nr, 1) if given, written into ``out`` (nh, nb, nr, L) in one pass.  # out"""
+    if pre:
+        _bias_block(t2d, prefix, hs, None, w, P, out[:, :, :P], None if shift is None else shift[:, :, :P])
+        _bias_block(t2d, prefix, hs, ys, w, P, out[:, :, P:], None if shift is None else shift[:, :, P:])
+        return out
     nh, nb, nr, L = out.shape
     sub = (lambda src, dst, sh: dst.copy_(src)) if shift is None else \
         (lambda src, dst, sh: torch.sub(src, sh, out=dst))  # noqa: E731
@@ -115,10 +119,10 @@ def forward_blocks(q, k, v, table, p2p, p2t, t2p, kpm, shape, chunk_bytes):
     lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
     have_lse = True
     ws = _Workspace(q.device, td)
-    for bs, hs, ys in _jobs(B, H, h, w, L, P, chunk_bytes, kpm is not None):
-        rows = _rows(ys, P, w)
+    for bs, hs, ys, pre in _jobs(B, H, h, w, L, P, chunk_bytes, kpm is not None):
+        rows = _rows(ys, P, w, pre)
         buf = ws.get("bias", (hs.stop - hs.start, 1, rows.stop - rows.start, L))
-        mask = _bias_block(t2d, prefix, hs, ys, w, P, buf)
+        mask = _bias_block(t2d, prefix, hs, ys, w, P, buf, pre=pre)
         have_lse &= _forward_block(q, kr, vr, kpr, out, lse, bs, hs, rows, mask[:, 0])
     return out, (lse if have_lse else None)
 
@@ -153,7 +157,11 @@ def backward_blocks(dout, q, k, v, table, p2p, p2t, t2p, kpm, out, lse, shape, c
     dpre = [torch.zeros_like(t) for t in prefix] if need_p else None
     do1 = torch.cat([dout.to(wd), -(dout.to(wd) * out.to(wd)).sum(-1, keepdim=True)], -1)  # [dO | -D] (B, H, L, d+1)
     ws = _Workspace(q.device, wd)
-    def take(g, hs, ys):  # the block's bias gradient g (nh, nr, L), summed over the batch, into the tables
+    def take(g, hs, ys, pre=False):  # the block's bias gradient g (nh, nr, L), summed over the batch
+        if pre:
+            take(g[:, :P], hs, None)
+            take(g[:, P:], hs, ys)
+            return
         if ys is None:
             if need_p:
                 dpre[0][hs] += g[..., :P]
@@ -166,18 +174,19 @@ def backward_blocks(dout, q, k, v, table, p2p, p2t, t2p, kpm, out, lse, shape, c
             _fold_grid_rows(g[..., P:].unflatten(1, (ny, w)).unflatten(-1, (h, w)), ys, w, dt2d[hs])
 
     want_g = need_t or need_p
-    for bs, hs, ys in _jobs(B, H, h, w, L, P, chunk_bytes, not dnn):  # oneDNN: one batch item at a time
-        rows = _rows(ys, P, w)
-        bias_into = lambda out, shift, hs=hs, ys=ys: _bias_block(t2d, prefix, hs, ys, w, P, out, shift)  # noqa: E731
+    for bs, hs, ys, pre in _jobs(B, H, h, w, L, P, chunk_bytes, not dnn):  # oneDNN: one batch item at a time
+        rows = _rows(ys, P, w, pre)
+        bias_into = lambda out, shift, hs=hs, ys=ys, pre=pre: _bias_block(  # noqa: E731
+            t2d, prefix, hs, ys, w, P, out, shift, pre)
         if dnn:
-            one_head = lambda out, shift, hd, ys=ys: _bias_block(  # noqa: E731
-                t2d, prefix, slice(hd, hd + 1), ys, w, P, out, shift)
+            one_head = lambda out, shift, hd, ys=ys, pre=pre: _bias_block(  # noqa: E731
+                t2d, prefix, slice(hd, hd + 1), ys, w, P, out, shift, pre)
             _backward_block_dnn(q, kr, krt, vr1, kpr, do1, lse, one_head, bs, hs, rows, scale, dq, dkr, dvr, ws,
-                                (lambda g, hd, ys=ys: take(g, slice(hd, hd + 1), ys)) if want_g else None)
+                                (lambda g, hd, ys=ys, pre=pre: take(g, slice(hd, hd + 1), ys, pre)) if want_g else None)
             continue
         ds = _backward_block(q, kr, vr1, kpr, do1, lse, bias_into, bs, hs, rows, scale, wd, dq, dkr, dvr, ws)
         if want_g:
-            take(ds.sum(1) if ds.shape[1] > 1 else ds[:, 0], hs, ys)  # (nh, nr, L): the bias is shared by the batch
+            take(ds.sum(1) if ds.shape[1] > 1 else ds[:, 0], hs, ys, pre)  # (nh, nr, L): the bias is shared by the batch
     if dnn:  # back to (heads, B, L, d)
         dkr = None if dkr is None else dkr.transpose(-1, -2)
         dvr = None if dvr is None else dvr.transpose(-1, -2)
@@ -190,16 +199,14 @@ def backward_blocks(dout, q, k, v, table, p2p, p2t, t2p, kpm, out, lse, shape, c
 
 
 def _jobs(B, H, h, w, L, P, chunk_bytes, batched):
-    """The blocks of a pass: the prefix query rows of each (batch, heads) group first (``ys`` None),
-    then ``_row_blocks``."""
-    blocks = list(_row_blocks(B, H, h, w, L, chunk_bytes, batched))
-    groups = dict.fromkeys((b.start, b.stop, hs.start, hs.stop) for b, hs, _ in blocks) if P else {}
-    return [(slice(b0, b1), slice(h0, h1), None) for b0, b1, h0, h1 in groups] + blocks
+    """The blocks of a pass, ``_row_blocks`` with a flag ``pre``: the first block of each (batch,
+    heads) group also takes the P prefix query rows (one block fewer per group than apart)."""
+    return [(bs, hs, ys, P > 0 and ys.start == 0) for bs, hs, ys in _row_blocks(B, H, h, w, L, chunk_bytes, batched)]
 
 
-def _rows(ys: slice | None, P: int, w: int) -> slice:
-    """Token rows of a block: the prefix rows for None, else grid rows ``ys`` after the prefix."""
-    return slice(0, P) if ys is None else slice(P + ys.start * w, P + ys.stop * w)
+def _rows(ys: slice, P: int, w: int, pre: bool = False) -> slice:
+    """Token rows of a block: grid rows ``ys`` after the prefix, and the prefix rows when ``pre``."""
+    return slice(0 if pre else P + ys.start * w, P + ys.stop * w)
 
 
 def _forward_block(q, kr, vr, kpr, out, lse, bs, hs, rows, mask) -> bool:

@@ -57,8 +57,8 @@ from vispe.kernels.bias_attention import BIAS_IMPLS, attend
 DENSE_BYTES = 2 * 2**20
 
 #: bytes of one (query rows, keys) float32 buffer: the forward's bias block; at most four live at once
-#: in the backward (bias, P, dS and a batch sum); 4 MiB ran as fast as 8 MiB at 1,024 and 4,096 tokens
-CHUNK_BYTES = 4 * 2**20
+#: in the backward (bias, P, dS and a batch sum); 6 MiB keeps one head of 1,024 tokens in one block
+CHUNK_BYTES = 6 * 2**20
 
 
 @dataclass
