@@ -42,10 +42,9 @@ if "--warm-cache" not in sys.argv and "TORCHINDUCTOR_CACHE_DIR" not in os.enviro
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = _COLD = tempfile.mkdtemp(prefix="vispe_compile_bench_")
     atexit.register(shutil.rmtree, _COLD, ignore_errors=True)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import interleaved, machine, ms, positive_args, ratio, spread  # noqa: E402  (before torch)
-
 import torch  # noqa: E402
 import torch._dynamo.utils as dynamo_utils  # noqa: E402
+from _common import interleaved, machine, ms, positive_args, ratio, spread  # noqa: E402  (before torch)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -123,8 +122,8 @@ def detr_steps(n_batches: int, dynamic: bool):
     """Eager, compiled (default) and, when asked, compiled ``dynamic=True`` DETR steps over
     ``n_batches`` real training batches of configs/shapes_detr.yaml, and their compile costs."""
     from vispe.train import loaders
-    from vispe.train.distributed import DistInfo
     from vispe.train.config import load_config
+    from vispe.train.distributed import DistInfo
     from vispe.train.runner import build_data, build_model
     from vispe.train.tasks import get_task
 

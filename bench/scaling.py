@@ -56,8 +56,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path[:0] = [HERE, ROOT]  # this checkout's vispe, then bench/_common
-from _common import interleaved, machine, ms, positive_args, ratio, spread  # noqa: E402
 import torch  # noqa: E402
+from _common import interleaved, machine, ms, positive_args, ratio, spread  # noqa: E402
 
 GRIDS = {64: (8, 8), 256: (8, 32), 1024: (32, 32), 4096: (64, 64)}
 TOKENS_PER_STEP = 4096

@@ -7,8 +7,8 @@ from torch.profiler import ProfilerActivity, profile
 from vispe.attention import Attention, PosContext
 from vispe.image._bias import gather_bias
 from vispe.image.relbias import relative_position_index
-from vispe.kernels.bias_attention import attend
 from vispe.kernels._relative_blocks import _row_blocks
+from vispe.kernels.bias_attention import attend
 from vispe.kernels.relative_bias import RelativeBias, attend_relative, relative_attention
 from vispe.registry import available, build_in
 
@@ -80,8 +80,10 @@ def test_every_relative_encoding_gives_its_own_bias_as_a_table(name, kw):
         assert torch.equal(dense(table, shape, prefix), enc(shape)), shape
         assert torch.equal(gather_bias(table, relative_position_index(*shape)), enc.grid_bias(shape, "cpu", None))
     assert build_in("irpe", dict(dim=16, num_heads=2, grid=(3, 3)), contextual=True).relative((3, 3)) is None
-    bias_family = set(available("bias"))
-    assert {n for n, _ in RELATIVE} == bias_family  # a new bias encoding: decide whether it is relative
+    contextual = {"relpos_decomposed"}  # biases of the queries (SAM's decomposed tables): no table of offsets
+    for n in contextual:
+        assert build_in(n, dict(dim=16, num_heads=2, head_dim=8, grid=(3, 3))).relative((3, 3)) is None
+    assert {n for n, _ in RELATIVE} | contextual == set(available("bias"))  # a new bias: decide which it is
 
 
 def _attention(pe, impl, x, ctx, grad=True):

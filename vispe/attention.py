@@ -42,6 +42,7 @@ e.g. DETR's object queries) carries ``pos``, ``spatial`` and ``coords`` only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -64,7 +65,7 @@ class PosContext:
     pos: torch.Tensor | None = None  # (B|1, P + h*w, C) additive code for q/k (DETR style)
     spatial: torch.Tensor | None = None  # (B|1, L, C) spatial code appended per head to q / k (Conditional DETR)
     coords: torch.Tensor | None = None  # (B|1, L, 2) unit (y, x) of tokens without a grid (rotary cross-attention)
-    memo: dict = field(default_factory=dict, repr=False, compare=False)  # tables shared by the layers
+    memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)  # tables shared by the layers
 
     @property
     def key_padding_mask(self) -> torch.Tensor | None:  # (B, P + h*w) True = padding
@@ -90,10 +91,14 @@ class Attention(TimmAttention):
 
     rope_impl: str = "auto"  # class defaults too, for timm layers converted in place (convert_vit)
     bias_impl: str = "auto"
+    pe: PositionEncoding | None
+    q_pos: nn.Linear | None
+    k_pos: nn.Linear | None
+    q_spatial: nn.Linear | None
 
     def __init__(self, dim: int, num_heads: int = 8, *, pe: PositionEncoding | None = None,
                  rope_impl: str = "auto", bias_impl: str = "auto", q_pos: bool = False, k_pos: bool = False,
-                 spatial: bool = False, **kwargs) -> None:
+                 spatial: bool = False, **kwargs: Any) -> None:
         _checks.positive_int("num_heads", num_heads)
         if dim % num_heads:
             raise ValueError(f"dim={dim}: expected a multiple of num_heads={num_heads}")
@@ -112,12 +117,13 @@ class Attention(TimmAttention):
         self.set_pe(pe)
 
     @classmethod
-    def adopt(cls, attn: TimmAttention) -> "Attention":
+    def adopt(cls, attn: TimmAttention) -> Attention:
         """Make a timm ``Attention`` this class in place (same weights; ``convert_vit``): the options
         its constructor would have set get their defaults (no position projections, no ``pe``)."""
         attn.__class__ = cls
-        attn.q_pos = attn.k_pos = attn.q_spatial = attn.pe = None
-        return attn
+        adopted = cast(Attention, attn)
+        adopted.q_pos = adopted.k_pos = adopted.q_spatial = adopted.pe = None
+        return adopted
 
     def set_pe(self, pe: PositionEncoding | None) -> None:
         """Attach a rotary or bias encoding to this layer (None to remove)."""
@@ -158,28 +164,34 @@ class Attention(TimmAttention):
             if self.pe is not None:  # rotary (set_pe and _cross_qkv refuse the rest)
                 q, k = self._rotate_cross(q, k, ctx, memory_ctx)
             q, k = self._spatial(q, k, ctx, memory_ctx)
+        logit_bias: torch.Tensor | relative_bias.RelativeBias | None = bias  # (B|1, heads, L, Lk) or a table
         if self.pe is not None and memory is None:
             if ctx is None or ctx.shape is None:
                 raise ValueError(f"this layer has a {self.pe.family} encoding: expected a PosContext "
                                  "(ctx=...) giving the token grid")
+            assert qk is not None  # self-attention: q and k stacked above
             if self.pe.family == "rotary":
                 qk = rope.rotate_qk(self.pe, qk, ctx.shape, ctx.mask, ctx.num_prefix_tokens, memo=ctx.memo,
                                     impl=self.rope_impl)  # (2, B, heads, L, hd)
             else:
                 pe_bias = self._bias(qk[0], ctx)  # (B|1, heads, L, L), or its table (RelativeBias)
-                if bias is not None and isinstance(pe_bias, relative_bias.RelativeBias):
-                    pe_bias = pe_bias.dense()
-                bias = pe_bias if bias is None else pe_bias + bias
+                if bias is None:
+                    logit_bias = pe_bias
+                else:  # with a caller's bias: the dense sum
+                    dense = pe_bias.dense() if isinstance(pe_bias, relative_bias.RelativeBias) else pe_bias
+                    logit_bias = dense + bias
         if qk is not None:
             q, k = qk.unbind(0)
         kpm = kv_ctx.key_padding_mask if kv_ctx is not None else None
         if kpm is not None and kpm.shape != (B, k.shape[-2]):
             raise ValueError(f"the padding mask covers {tuple(kpm.shape)} (B, keys): expected ({B}, {k.shape[-2]})")
-        relative = isinstance(bias, relative_bias.RelativeBias)
-        attend = relative_bias.attend_relative if relative else bias_attention.attend
-        x = attend(q, k, v, bias=bias, attn_mask=attn_mask, key_padding_mask=kpm,
-                   dropout_p=self.attn_drop.p if self.training else 0.0, is_causal=is_causal,
-                   impl=self.bias_impl)  # (B, heads, L, hd)
+        dropout_p = self.attn_drop.p if self.training else 0.0
+        if isinstance(logit_bias, relative_bias.RelativeBias):  # (B, heads, L, hd)
+            x = relative_bias.attend_relative(q, k, v, logit_bias, attn_mask=attn_mask, key_padding_mask=kpm,
+                                              dropout_p=dropout_p, is_causal=is_causal, impl=self.bias_impl)
+        else:
+            x = bias_attention.attend(q, k, v, bias=logit_bias, attn_mask=attn_mask, key_padding_mask=kpm,
+                                      dropout_p=dropout_p, is_causal=is_causal, impl=self.bias_impl)
         x = x.transpose(1, 2).reshape(B, L, self.attn_dim)  # (B, L, heads*hd)
         x = self.norm(x)
         x = self.proj(x)
@@ -193,7 +205,7 @@ class Attention(TimmAttention):
         bias = self.qkv.bias[rows] if self.qkv.bias is not None else None
         return F.linear(x, self.qkv.weight[rows], bias)
 
-    def _qkv(self, x: torch.Tensor, ctx: PosContext | None):
+    def _qkv(self, x: torch.Tensor, ctx: PosContext | None) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k stacked (a view of the projection, no copy), and v.  # (2, B, heads, L, hd), (B, heads, L, hd)"""
         B, L, _ = x.shape
         split = lambda t, n: t.reshape(B, L, n, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # noqa: E731
@@ -212,7 +224,7 @@ class Attention(TimmAttention):
         return torch.stack([self.q_norm(qk[0]), self.k_norm(qk[1])])
 
     def _cross_qkv(self, x: torch.Tensor, ctx: PosContext | None, memory: torch.Tensor,
-                   memory_ctx: PosContext | None):
+                   memory_ctx: PosContext | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if memory.dim() != 3 or memory.shape[0] != x.shape[0] or memory.shape[-1] != x.shape[-1]:
             raise ValueError(f"memory has shape {tuple(memory.shape)}: expected ({x.shape[0]}, Lk, {x.shape[-1]})")
         if self.pe is not None and self.pe.family != "rotary":
@@ -231,26 +243,29 @@ class Attention(TimmAttention):
         v = self._project(memory, slice(2 * A, 3 * A))  # (B, Lk, A)
         return self._heads(q), self._heads(k), self._heads(v)
 
-    def _rotate_cross(self, q, k, ctx: PosContext | None, memory_ctx: PosContext | None):
+    def _rotate_cross(self, q: torch.Tensor, k: torch.Tensor, ctx: PosContext | None,
+                      memory_ctx: PosContext | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys rotated at their grid cells, queries at ``ctx.coords`` (unit (y, x)).  # q, k as given"""
         if memory_ctx is None or memory_ctx.shape is None or ctx is None or ctx.coords is None:
             raise ValueError("this layer has a rotary encoding: cross-attention needs memory_ctx with the keys' "
                              "grid (shape) and ctx.coords (B|1, Lq, 2), the queries' unit (y, x)")
         if memory_ctx.num_prefix_tokens:
             raise ValueError("rotary cross-attention: expected keys without prefix tokens (memory_ctx.num_prefix_tokens=0)")
-        k = rope.rotate_qk(self.pe, k, memory_ctx.shape, memory_ctx.mask, 0, memo=memory_ctx.memo,
+        pe = cast(RotaryEncoding, self.pe)  # set_pe and _cross_qkv refuse the other families
+        k = rope.rotate_qk(pe, k, memory_ctx.shape, memory_ctx.mask, 0, memo=memory_ctx.memo,
                            impl=self.rope_impl)  # (B, heads, Lk, hd)
         extent = valid_extent(memory_ctx.mask, memory_ctx.shape, device=q.device)  # (B|1, 2)
-        q = rope.rotate_at(self.pe, q, ctx.coords, extent, impl=self.rope_impl)  # (B, heads, Lq, hd): same kernel
+        q = rope.rotate_at(pe, q, ctx.coords, extent, impl=self.rope_impl)  # (B, heads, Lq, hd): same kernel
         return q, k
 
-    def _spatial(self, q, k, ctx: PosContext | None, memory_ctx: PosContext | None):
+    def _spatial(self, q: torch.Tensor, k: torch.Tensor, ctx: PosContext | None,
+                 memory_ctx: PosContext | None) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k with their spatial parts appended per head (Conditional DETR), or as given."""
         qs = ctx.spatial if ctx is not None else None
         ks = memory_ctx.spatial if memory_ctx is not None else None
         if qs is None and ks is None:
             return q, k
-        if qs is None or ks is None or self.q_spatial is None:
+        if qs is None or ks is None or self.q_spatial is None or self.k_pos is None:
             raise ValueError("a spatial part needs ctx.spatial and memory_ctx.spatial together, on a layer built "
                              f"with spatial=True (got ctx.spatial {qs is not None}, memory_ctx.spatial "
                              f"{ks is not None}, spatial={self.q_spatial is not None})")
@@ -258,13 +273,16 @@ class Attention(TimmAttention):
         ks = self._heads(self.k_pos(ks.to(k.dtype))).expand(k.shape[0], -1, -1, -1)  # (B, heads, Lk, hd)
         return torch.cat([q, qs], -1), torch.cat([k, ks], -1)  # (B, heads, L, 2 hd): scale 1/sqrt(2 hd)
 
-    def _bias(self, q: torch.Tensor, ctx: PosContext):
+    def _bias(self, q: torch.Tensor, ctx: PosContext) -> torch.Tensor | relative_bias.RelativeBias:
         """The encoding's logits bias (B|1, heads, L, L), or, for a bias of the offset alone, its
         table as a ``RelativeBias`` (``vispe.kernels.relative_bias``: never built in full on the CPU)."""
         L = q.shape[-2]
-        parts = self.pe.relative(ctx.shape, device=q.device) if hasattr(self.pe, "relative") else None
+        pe = cast(BiasEncoding, self.pe)  # forward calls it for a bias encoding only
+        shape = cast(tuple[int, int], ctx.shape)  # forward checked it
+        parts = pe.relative(shape, device=q.device)
         if parts is not None:
-            rel = relative_bias.RelativeBias(table=parts[0], shape=tuple(ctx.shape), prefix=parts[1],
+            prefix = cast("tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None", parts[1])
+            rel = relative_bias.RelativeBias(table=parts[0], shape=(shape[0], shape[1]), prefix=prefix,
                                              dense=lambda: self._dense_bias(q, ctx))
             if len(rel) != L:
                 raise ValueError(f"the bias covers {len(rel)} tokens: expected {L} "
@@ -273,8 +291,9 @@ class Attention(TimmAttention):
         return self._dense_bias(q, ctx)
 
     def _dense_bias(self, q: torch.Tensor, ctx: PosContext) -> torch.Tensor:
-        kw = {"q": q} if self.pe.contextual else {}
-        bias = self.pe(ctx.shape, ctx.mask, device=q.device, dtype=q.dtype, **kw)  # (B|1, heads, L, L)
+        pe = cast(BiasEncoding, self.pe)
+        kw = {"q": q} if pe.contextual else {}
+        bias: torch.Tensor = pe(ctx.shape, ctx.mask, device=q.device, dtype=q.dtype, **kw)  # (B|1, heads, L, L)
         L = q.shape[-2]
         if bias.shape[-2:] != (L, L):
             raise ValueError(f"the bias has shape {tuple(bias.shape)}: expected (..., {L}, {L}) "

@@ -40,8 +40,8 @@ kernel and a dense bias where the eager model has this kernel. The block loops t
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 from torch.profiler import record_function
@@ -171,8 +171,8 @@ def _compiled_op_fits(q: torch.Tensor, bias: RelativeBias) -> bool:
 
 
 @torch.library.custom_op("vispe::relative_bias_attention", mutates_args=(), device_types="cpu")
-def _op_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, p2p: Optional[torch.Tensor],
-                p2t: Optional[torch.Tensor], t2p: Optional[torch.Tensor], kpm: Optional[torch.Tensor], h: int, w: int,
+def _op_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, p2p: torch.Tensor | None,
+                p2t: torch.Tensor | None, t2p: torch.Tensor | None, kpm: torch.Tensor | None, h: int, w: int,
                 chunk_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = forward_blocks(q, k, v, table, p2p, p2t, t2p, kpm, (h, w), chunk_bytes)
     if lse is None:
@@ -188,8 +188,8 @@ def _(q, k, v, table, p2p, p2t, t2p, kpm, h, w, chunk_bytes):
 
 @torch.library.custom_op("vispe::relative_bias_attention_backward", mutates_args=(), device_types="cpu")
 def _op_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor,
-                 p2p: Optional[torch.Tensor], p2t: Optional[torch.Tensor], t2p: Optional[torch.Tensor],
-                 kpm: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor, h: int, w: int,
+                 p2p: torch.Tensor | None, p2t: torch.Tensor | None, t2p: torch.Tensor | None,
+                 kpm: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor, h: int, w: int,
                  chunk_bytes: int) -> list[torch.Tensor]:
     grads = backward_blocks(dout, q, k, v, table, p2p, p2t, t2p, kpm, out, lse, (h, w), chunk_bytes, (True,) * 7)
     return [g.contiguous() if g is not None else q.new_empty(0) for g in grads]
