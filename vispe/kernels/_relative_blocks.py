@@ -257,7 +257,7 @@ def _backward_block(q, kr, vr1, kpr, do1, lse, bias_into, bs, hs, rows, scale, w
 
 def _backward_block_dnn(q, kr, krt, vr1, kpr, do1, lse, bias_into, bs, hs, rows, scale, dq, dkrt, dvrt, ws, take):
     """``_backward_block`` through oneDNN's matrix products, one (head, batch item) at a time (float32 on
-    the CPU, where they ran 2-3.6x faster than torch's MKL ``bmm`` for these shapes on an AMD EPYC);
+    the CPU, where they ran faster than torch's MKL ``bmm`` for these shapes on an AMD EPYC);
     dkrt and dvrt are transposed, (heads, B, d, L); ``bias_into(out, shift, head)`` writes one head's
     bias minus ``shift``. ``take(g, head)`` receives each head's dS summed over the batch items (1, nr, L).
     At most four (nr, L) buffers live at a time: the bias, P, dS and the batch sum."""

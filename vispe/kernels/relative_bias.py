@@ -20,8 +20,8 @@ the CPU without ever building the (heads, L, L) bias, nor its gradient, beyond o
   the gradients of q, k, v follow as in ``bias_attention.BiasedAttention`` (dP - D from one
   product of [dO | -D] and [v | 1]); in float32 from 512 keys on, the products go through oneDNN's
   linear (``torch.ops.mkldnn._linear_pointwise``; the bias minus the log-sum-exp added by its fused
-  binary post-op), which ran 2-3.6x faster than torch's MKL ``bmm`` for these shapes on the AMD
-  EPYC this was measured on; elsewhere ``bmm``. The block's bias gradient, summed over the batch,
+  binary post-op), faster than torch's MKL ``bmm`` for these shapes on the AMD EPYC measured
+  (``bench/bias_attention.py``: "vispe relative" against "vispe relative (bmm)"); elsewhere ``bmm``. The block's bias gradient, summed over the batch,
   is folded into the table at once: ``table2d[a, b]`` collects the scores with y_i + y'_j = a and
   x_i + x'_j = b (a loop of w shifted adds over x, then one of the block's rows over y), the prefix
   scalars their rows and columns.
