@@ -6,7 +6,13 @@ For each grid (h x h tokens), q, k, v (batch, heads, h*h, head_dim) are leaves; 
 forward + backward of one attention layer:
 
 * ``no bias``: ``scaled_dot_product_attention(q, k, v)`` (the fused kernel);
-* ``vispe auto``: Swin's learned table (``relbias``) gathered to (1, heads, N, N) and
+* ``vispe relative``: Swin's learned table (``relbias``) kept as a table
+  (``vispe.kernels.relative_bias``, forced with impl="chunked"; vispe's attention takes it by
+  default once the dense bias would exceed 2 MiB; the dense bias is never built);
+* ``vispe relative (bmm)``: the same kernel with its backward's products through torch's ``bmm``
+  (MKL) instead of oneDNN's linear (``_relative_blocks.onednn_linear`` patched to False): what
+  oneDNN buys;
+* ``vispe auto``: the same table gathered to a dense (1, heads, N, N) bias and
   ``vispe.kernels.bias_attention.attend`` on its default path (on the CPU: "chunked");
 * ``vispe reference``: the same bias as SDPA's float mask (with a gradient: the math kernel);
 * ``timm RelPosBias``: timm's table (``timm.layers.pos_embed_rel.RelPosBias``) + SDPA, as
@@ -33,7 +39,9 @@ from _common import interleaved, machine, ms, ratio  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from vispe.image.relbias import RelBias  # noqa: E402
+from vispe.kernels import _relative_blocks  # noqa: E402
 from vispe.kernels.bias_attention import attend, pick_impl  # noqa: E402
+from vispe.kernels.relative_bias import RelativeBias, attend_relative  # noqa: E402
 
 
 def peak_bytes(fn, device: torch.device) -> int:
@@ -98,10 +106,22 @@ def main(argv=None) -> None:
         def vispe(impl):
             return lambda: attend(q, k, v, bias=ours((g, g), dtype=dt), impl=impl).sum().backward()
 
+        def relative():
+            table = ours.relative_table((g, g), dev).to(dt)
+            return attend_relative(q, k, v, RelativeBias(table, (g, g), None, dense=None), impl="chunked").sum().backward()
+
+        def relative_bmm():
+            saved, _relative_blocks.onednn_linear = _relative_blocks.onednn_linear, lambda: False
+            try:
+                relative()
+            finally:
+                _relative_blocks.onednn_linear = saved
+
         def timm_row():
             F.scaled_dot_product_attention(q, k, v, attn_mask=theirs.get_bias().to(dt)).sum().backward()
 
-        rows = {"no bias": no_bias, "vispe auto": vispe("auto")}
+        rows = {"no bias": no_bias, "vispe relative": relative, "vispe relative (bmm)": relative_bmm,
+                "vispe auto": vispe("auto")}
         math_bytes = 4 * B * H * N * N * 4  # scores, probabilities and their gradients
         skipped = []
         if math_bytes <= args.max_gb * 2**30:
@@ -118,7 +138,8 @@ def main(argv=None) -> None:
         with torch.enable_grad():
             auto_path = pick_impl("auto", q, ours((g, g)))
         for n in rows:
-            path = {"no bias": "sdpa", "vispe auto": auto_path, "vispe reference": "reference",
+            path = {"no bias": "sdpa", "vispe relative": "relative", "vispe relative (bmm)": "relative",
+                    "vispe auto": auto_path, "vispe reference": "reference",
                     "timm RelPosBias": "reference"}[n]
             print(f"| {g}x{g} | {N} | {n} | {path} | {ms(times, n):.1f} | {ratio(times, n, 'no bias'):.2f} | "
                   f"{ratio(times, n, 'no bias', 'cpu'):.2f} | {mem[n] / 2**20:.1f} | {mem[n] / mem['no bias']:.2f} |")

@@ -1,6 +1,7 @@
 """Training-step time with ``torch.compile`` against eager, per encoding and for the detector.
 
     python3 bootstrap.py bench/compile_step.py [--rounds 3] [--iters 2] [--encodings sine rope_axial ...] [--no-detr]
+                                               [--warm-cache]
 
 What ``train.py ... train.compile=true`` does: the model is compiled (``torch.compile(model)``,
 default options), the loss, backward and AdamW update stay eager. For each model an eager copy and
@@ -9,7 +10,7 @@ order each round (``bench._common.interleaved``); the figure is the median over 
 compiled step's time divided by the eager step's time in the same round (< 1: compile is faster).
 
 * ViT: digits_cell's model (``vit_pico``: width 64, depth 4, 4 heads, patch 4, MLP ratio 2), a
-  batch of 32 images of 32x32 (8x8 tokens), for each main encoding.
+  batch of 32 images of 32x32 (8x8 tokens), for ``none`` and every registered encoding (default).
 * DETR: configs/shapes_detr.yaml's detector (small CNN, DAB queries, BoxRPB, 2 + 2 layers, width
   128) on real training batches of the shapes set, which change size from batch to batch; one step
   = the task's loss (Hungarian matching included, eager) + backward + AdamW, over the same list of
@@ -18,38 +19,66 @@ compiled step's time divided by the eager step's time in the same round (< 1: co
 
 Compile cost and recompiles, before timing: the seconds of the first compiled step, then of the
 steps that follow at other sizes (ViT: an evaluation pass at 24 and 48 px as ``train.eval_sizes``,
-then training at 32 px again), and the number of graphs dynamo compiled in each phase
+then training at 32 px again), the number of graphs dynamo compiled in each phase
 (``torch._dynamo.utils.counters["stats"]["unique_graphs"]``: first compile, recompiles and graph
-breaks all count).
+breaks all count) and the graph breaks among them (``counters["graph_break"]``; their reasons with
+``TORCH_LOGS=graph_breaks``). The compile seconds are cold: Inductor's caches go to a fresh
+directory for the run (``TORCHINDUCTOR_CACHE_DIR``, removed at the end) unless ``--warm-cache``
+keeps the usual one, where an earlier compile of the same graph makes a later one look cheap.
 """
 from __future__ import annotations
 
 import argparse
+import atexit
 import copy
+import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+if "--warm-cache" not in sys.argv and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # before torch is imported
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _COLD = tempfile.mkdtemp(prefix="vispe_compile_bench_")
+    atexit.register(shutil.rmtree, _COLD, ignore_errors=True)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import torch._dynamo.utils as dynamo_utils  # noqa: E402
 from _common import interleaved, machine, ms, positive_args, ratio, spread  # noqa: E402  (before torch)
 
 ROOT = Path(__file__).resolve().parents[1]
-ENCODINGS = ["sine", "learned_abs", "rope_axial", "rope_mixed", "relbias"]
+
+
+def raise_recompile_limit(n: int = 1024) -> None:
+    """Every model here compiles the same ``VispeViT.forward``: past dynamo's recompile limit (8) it
+    would silently run the rest eagerly (0 graphs, a ratio of 1 that measures nothing)."""
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, n)
+
+
+def encodings() -> list[str]:
+    sys.path.insert(0, str(ROOT))
+    from vispe.registry import available
+
+    return ["none"] + [e for e in available() if e != "none"]
 
 
 def graphs() -> int:
     return int(dynamo_utils.counters["stats"]["unique_graphs"])
 
 
-def phase(fn) -> tuple[float, int]:
-    """(seconds, graphs compiled) of one call of ``fn``."""
-    g0, t0 = graphs(), time.perf_counter()
+def breaks() -> int:
+    return int(sum(dynamo_utils.counters["graph_break"].values()))
+
+
+def phase(fn) -> tuple[float, int, int]:
+    """(seconds, graphs compiled, graph breaks) of one call of ``fn``."""
+    g0, b0, t0 = graphs(), breaks(), time.perf_counter()
     fn()
-    s, g = time.perf_counter() - t0, graphs() - g0
-    print(f"  ... {s:.1f} s, {g} graphs", file=sys.stderr, flush=True)  # progress: compiles take minutes
-    return s, g
+    s, g, b = time.perf_counter() - t0, graphs() - g0, breaks() - b0
+    print(f"  ... {s:.1f} s, {g} graphs, {b} breaks", file=sys.stderr, flush=True)  # progress: compiles take minutes
+    return s, g, b
 
 
 def vit_pair(pe: str, batch: int):
@@ -137,12 +166,17 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=2, help="steps per timed call (ViT); DETR: one pass over the batches")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--detr-batches", type=int, default=4)
-    ap.add_argument("--encodings", nargs="*", default=ENCODINGS)
+    ap.add_argument("--encodings", nargs="*", default=None, help="default: none and every registered encoding")
+    ap.add_argument("--warm-cache", action="store_true", help="keep Inductor's usual cache (compile seconds then "
+                    "depend on what was compiled before)")
     ap.add_argument("--no-detr", action="store_true")
     ap.add_argument("--no-dynamic", action="store_true", help="skip DETR with dynamic=True")
     args = ap.parse_args()
     positive_args(ap, args, "rounds", "iters", "batch", "detr_batches")
+    args.encodings = encodings() if args.encodings is None else args.encodings
+    raise_recompile_limit()
     print(f"# compiled vs eager training step; {machine()}")
+    print(f"# Inductor cache: {'warm (the usual directory)' if args.warm_cache else 'cold (a fresh directory)'}")
     print(f"# command: python3 bootstrap.py bench/compile_step.py {' '.join(sys.argv[1:])}".rstrip())
     fns, costs = {}, {}
     for pe in args.encodings:
@@ -155,11 +189,11 @@ def main() -> None:
         dfns, dcosts, sizes = detr_steps(args.detr_batches, not args.no_dynamic)
         costs.update(dcosts)
         det_times = interleaved(dfns, args.rounds, iters=1, warmup=1)
-    print("\n## compile cost (seconds of the call; graphs = new graphs dynamo compiled in it)")
-    print(f"{'model':<22}{'call':<30}{'s':>8}{'graphs':>8}")
+    print("\n## compile cost (seconds of the call; graphs = new graphs dynamo compiled in it, breaks = graph breaks)")
+    print(f"{'model':<22}{'call':<30}{'s':>8}{'graphs':>8}{'breaks':>8}")
     for name, rows in costs.items():
-        for what, s, g in rows:
-            print(f"{name:<22}{what:<30}{s:>8.1f}{g:>8d}")
+        for what, s, g, b in rows:
+            print(f"{name:<22}{what:<30}{s:>8.1f}{g:>8d}{b:>8d}")
     print(f"\n## step time, median of {args.rounds} rounds (ViT: batch {args.batch}, 32x32; wall and CPU clocks)")
     print(f"{'model':<22}{'eager ms':>10}{'compiled ms':>13}{'ratio wall':>12}{'(quartiles)':>16}{'ratio cpu':>11}")
     for pe in args.encodings:

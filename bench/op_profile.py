@@ -2,9 +2,12 @@
 
     python bench/op_profile.py vispe:none vispe:rope_axial [--steps 4] [--rows 25]
     python bench/op_profile.py timm:vit_relpos vispe:relbias
+    python bench/op_profile.py vispe:none vispe:relbias --tokens 4096 [--infer] [--threads 1]
 
 Each model is the CIFAR-sized ViT of ``bench/vit_vs_timm.py`` (``vispe:<encoding>`` built by
-``vispe_model``, ``timm:<name>`` one of that script's timm equivalents). After warm-up steps, ``--steps``
+``vispe_model``, ``timm:<name>`` one of that script's timm equivalents), or, with ``--tokens N``,
+``bench/scaling.py``'s ViT at N tokens with its batch (``timm:<encoding>`` then names that
+script's timm equivalent of a vispe encoding); ``--infer`` profiles forward passes under no_grad. After warm-up steps, ``--steps``
 training steps (forward + backward + AdamW) of each model run under ``torch.profiler``; the table
 lists the operators whose self CPU time per step differs most between the two, with their calls
 per step. "Self CPU time" is the profiler's: the time the calling thread spent inside each
@@ -21,13 +24,20 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # this checkout's vispe, then bench/_common
 import torch  # noqa: E402
-from _common import machine, positive_args, train_step  # noqa: E402
+from _common import machine, positive_args  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from vit_vs_timm import COMMON, timm_model, vispe_model  # noqa: E402
 
 
-def build(spec: str) -> torch.nn.Module:
+def build(spec: str, tokens: int | None = None) -> torch.nn.Module:
     kind, _, name = spec.partition(":")
+    if tokens is not None:
+        import scaling
+
+        if kind not in ("vispe", "timm") or (kind == "timm" and name not in scaling.TIMM):
+            raise SystemExit(f"model {spec!r} with --tokens: expected vispe:<encoding> or timm:<one of "
+                             f"{', '.join(scaling.TIMM)}> (timm's equivalent of that vispe encoding)")
+        return scaling.build(f"{kind} {name}", scaling.GRIDS[tokens])
     if kind == "vispe" and name:
         return vispe_model(name)
     if kind == "timm" and name:
@@ -39,18 +49,29 @@ def build(spec: str) -> torch.nn.Module:
                      "timm:<name> (vit_none, vit_learn, eva_axial, eva_mixed, vit_relpos)")
 
 
-def op_times(model: torch.nn.Module, steps: int, batch: int) -> dict:
-    """{operator: (self CPU ms per step, calls per step)} over ``steps`` training steps."""
+def op_times(model: torch.nn.Module, steps: int, batch: int, tokens: int | None = None, infer: bool = False) -> dict:
+    """{operator: (self CPU ms per step, calls per step)} over ``steps`` training steps (forward passes)."""
     torch.manual_seed(0)
-    x = torch.randn(batch, 3, COMMON["img_size"], COMMON["img_size"])
-    y = torch.randint(0, COMMON["num_classes"], (batch,))
-    step = train_step(model.train(), x, y)
+    if tokens is None:
+        x = torch.randn(batch, 3, COMMON["img_size"], COMMON["img_size"])
+        y = torch.randint(0, COMMON["num_classes"], (batch,))
+    else:
+        import scaling
+
+        x, y = scaling.inputs(tokens)
+    step = scaling_runner(model, "infer" if infer else "train", x, y)
     for _ in range(3):
         step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             step()
     return {e.key: (e.self_cpu_time_total / 1e3 / steps, e.count // steps) for e in prof.key_averages()}
+
+
+def scaling_runner(model, mode, x, y):
+    import scaling
+
+    return scaling.runner(model, mode, x, y)
 
 
 def main(argv=None) -> None:
@@ -60,14 +81,23 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--rows", type=int, default=25)
+    ap.add_argument("--tokens", type=int, default=None, choices=[64, 256, 1024, 4096],
+                    help="bench/scaling.py's ViT at this many tokens (its batch; --batch is then unused)")
+    ap.add_argument("--infer", action="store_true", help="forward passes under no_grad instead of training steps")
+    ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
     positive_args(ap, args, "steps", "batch", "rows")
-    models = {spec: build(spec) for spec in (args.a, args.b)}  # both specs checked before any profiling
-    times = {spec: op_times(m, args.steps, args.batch) for spec, m in models.items()}
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    models = {spec: build(spec, args.tokens) for spec in (args.a, args.b)}  # both specs checked before any profiling
+    times = {spec: op_times(m, args.steps, args.batch, args.tokens, args.infer) for spec, m in models.items()}
     ta, tb = times[args.a], times[args.b]
     zero = (0.0, 0)
     keys = sorted(set(ta) | set(tb), key=lambda k: -abs(tb.get(k, zero)[0] - ta.get(k, zero)[0]))
-    print(f"# self CPU time per training step (ms) and calls per step; batch {args.batch}, {args.steps} profiled steps")
+    what = "forward pass (no_grad)" if args.infer else "training step"
+    size = f"scaling.py's ViT at {args.tokens} tokens" if args.tokens else f"CIFAR ViT, batch {args.batch}"
+    print(f"# self CPU time per {what} (ms) and calls per step; {size}, {args.steps} profiled steps, "
+          f"{torch.get_num_threads()} threads")
     print(f"# {machine()}")
     print(f"| operator | {args.a} ms | calls | {args.b} ms | calls | difference ms |")
     print("|---|---|---|---|---|---|")

@@ -178,6 +178,34 @@ def test_log_cpb_reference():
         torch.testing.assert_close(enc(window)[0], want)
 
 
+def test_log_cpb_large_table_keeps_no_hidden_layer_for_the_backward(monkeypatch):
+    """With gradients, a table of more offsets than cpb.CHECKPOINT_ROWS is computed in checkpointed
+    chunks: the same values and gradients, and no (offsets, hidden) activation saved for the backward."""
+    from vispe.image import cpb
+
+    torch.manual_seed(0)
+    enc = build("log_cpb", hidden_dim=16)
+
+    def run(rows):
+        monkeypatch.setattr(cpb, "CHECKPOINT_ROWS", rows)
+        enc.zero_grad()
+        shapes = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append(tuple(t.shape)) or t, lambda t: t):
+            table = enc.relative_table((4, 5), "cpu")  # (7 * 9, heads)
+        table.square().sum().backward()
+        return table, [p.grad.clone() for p in enc.parameters()], shapes
+
+    want, grads, saved = run(10**9)
+    got, got_grads, got_saved = run(7)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for a, b in zip(got_grads, grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert (63, 16) in saved  # the test can fail: unchunked, the (offsets, hidden) layer is saved
+    with torch.no_grad():  # inference: chunk by chunk too, the same values
+        torch.testing.assert_close(enc.relative_table((4, 5), "cpu"), want.detach(), rtol=0, atol=0)
+    assert not any(len(s) == 2 and s[1] == 16 and s[0] >= 7 for s in got_saved), got_saved  # no chunk of it either
+
+
 def t5_reference(d, num_buckets, max_distance):
     """T5's bidirectional bucket of a key-minus-query offset d, in plain Python (Raffel et al.)."""
     n = num_buckets // 2

@@ -24,11 +24,15 @@ def test_kernels_match_torchs_own_choice():
     q = torch.randn(2, 4, 17, 16)
     learned = torch.randn(1, 4, 17, 17, requires_grad=True)
     m = _vit("relbias").eval()
-    with torch.no_grad():  # a bias without gradient: SDPA's own choice for a constant float mask
+    set_impl(m, bias="reference")
+    with torch.no_grad():  # a dense bias without gradient: SDPA's own choice for a constant float mask
         rows = explain(m, x)
         want = NAMES[torch._fused_sdp_choice(q, q, q, attn_mask=learned.detach())]
     assert [r.layer for r in rows] == ["blocks.0.attn", "blocks.1.attn"]
     assert [r.kernel for r in rows] == [want, want]
+    set_impl(m, bias="chunked")
+    with torch.no_grad():  # the relative kernel: blocks of the bias, each through the fused kernel
+        assert [r.kernel for r in explain(m, x)] == ["chunked+flash"] * 2
     m.train()
     set_impl(m, bias="reference")  # a bias with gradient in SDPA: its choice is the math kernel
     want = NAMES[torch._fused_sdp_choice(q, q, q, attn_mask=learned)]
@@ -38,6 +42,15 @@ def test_kernels_match_torchs_own_choice():
     assert all("SafeSoftmaxBackward0" in r.backward for r in rows)  # math's backward: its decomposition
     set_impl(m, bias="auto")  # vispe's function, whose forward runs the fused kernel
     rows = explain(m, x, backward=True)
+    assert [r.kernel for r in rows] == ["chunked+flash"] * 2
+    assert all(r.backward == ["BiasedAttentionBackward"] for r in rows)  # 17 tokens: the dense bias
+    set_impl(m, bias="chunked")  # the relative kernel (auto's choice from 2 MiB of dense bias on)
+    rows = explain(m, x, backward=True)
+    assert [r.kernel for r in rows] == ["chunked+flash"] * 2
+    assert all(r.backward == ["RelativeBiasAttentionBackward"] for r in rows)
+    ctx = create_vit("vit_pico", pe="irpe", pe_kwargs={"contextual": True}, img_size=16, patch_size=4,
+                     num_classes=3, depth=2).train()  # a bias of the queries: dense, the chunked backward
+    rows = explain(ctx, x, backward=True)
     assert [r.kernel for r in rows] == ["chunked+flash"] * 2
     assert all(r.backward == ["BiasedAttentionBackward"] for r in rows)
 

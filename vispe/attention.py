@@ -52,7 +52,7 @@ from torch import nn
 from vispe import _checks
 from vispe.coords import valid_extent
 from vispe.encoding import BiasEncoding, PositionEncoding, RotaryEncoding
-from vispe.kernels import bias_attention, rope
+from vispe.kernels import bias_attention, relative_bias, rope
 
 
 @dataclass
@@ -164,6 +164,7 @@ class Attention(TimmAttention):
             if self.pe is not None:  # rotary (set_pe and _cross_qkv refuse the rest)
                 q, k = self._rotate_cross(q, k, ctx, memory_ctx)
             q, k = self._spatial(q, k, ctx, memory_ctx)
+        logit_bias: torch.Tensor | relative_bias.RelativeBias | None = bias  # (B|1, heads, L, Lk) or a table
         if self.pe is not None and memory is None:
             if ctx is None or ctx.shape is None:
                 raise ValueError(f"this layer has a {self.pe.family} encoding: expected a PosContext "
@@ -173,16 +174,24 @@ class Attention(TimmAttention):
                 qk = rope.rotate_qk(self.pe, qk, ctx.shape, ctx.mask, ctx.num_prefix_tokens, memo=ctx.memo,
                                     impl=self.rope_impl)  # (2, B, heads, L, hd)
             else:
-                pe_bias = self._bias(qk[0], ctx)  # (B|1, heads, L, L)
-                bias = pe_bias if bias is None else pe_bias + bias
+                pe_bias = self._bias(qk[0], ctx)  # (B|1, heads, L, L), or its table (RelativeBias)
+                if bias is None:
+                    logit_bias = pe_bias
+                else:  # with a caller's bias: the dense sum
+                    dense = pe_bias.dense() if isinstance(pe_bias, relative_bias.RelativeBias) else pe_bias
+                    logit_bias = dense + bias
         if qk is not None:
             q, k = qk.unbind(0)
         kpm = kv_ctx.key_padding_mask if kv_ctx is not None else None
         if kpm is not None and kpm.shape != (B, k.shape[-2]):
             raise ValueError(f"the padding mask covers {tuple(kpm.shape)} (B, keys): expected ({B}, {k.shape[-2]})")
-        x = bias_attention.attend(q, k, v, bias=bias, attn_mask=attn_mask, key_padding_mask=kpm,
-                                  dropout_p=self.attn_drop.p if self.training else 0.0, is_causal=is_causal,
-                                  impl=self.bias_impl)  # (B, heads, L, hd)
+        dropout_p = self.attn_drop.p if self.training else 0.0
+        if isinstance(logit_bias, relative_bias.RelativeBias):  # (B, heads, L, hd)
+            x = relative_bias.attend_relative(q, k, v, logit_bias, attn_mask=attn_mask, key_padding_mask=kpm,
+                                              dropout_p=dropout_p, is_causal=is_causal, impl=self.bias_impl)
+        else:
+            x = bias_attention.attend(q, k, v, bias=logit_bias, attn_mask=attn_mask, key_padding_mask=kpm,
+                                      dropout_p=dropout_p, is_causal=is_causal, impl=self.bias_impl)
         x = x.transpose(1, 2).reshape(B, L, self.attn_dim)  # (B, L, heads*hd)
         x = self.norm(x)
         x = self.proj(x)
@@ -264,8 +273,25 @@ class Attention(TimmAttention):
         ks = self._heads(self.k_pos(ks.to(k.dtype))).expand(k.shape[0], -1, -1, -1)  # (B, heads, Lk, hd)
         return torch.cat([q, qs], -1), torch.cat([k, ks], -1)  # (B, heads, L, 2 hd): scale 1/sqrt(2 hd)
 
-    def _bias(self, q: torch.Tensor, ctx: PosContext) -> torch.Tensor:
+    def _bias(self, q: torch.Tensor, ctx: PosContext) -> torch.Tensor | relative_bias.RelativeBias:
+        """The encoding's logits bias (B|1, heads, L, L), or, for a bias of the offset alone, its
+        table as a ``RelativeBias`` (``vispe.kernels.relative_bias``: never built in full on the CPU)."""
+        L = q.shape[-2]
         pe = cast(BiasEncoding, self.pe)  # forward calls it for a bias encoding only
+        shape = cast(tuple[int, int], ctx.shape)  # forward checked it
+        parts = pe.relative(shape, device=q.device)
+        if parts is not None:
+            prefix = cast("tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None", parts[1])
+            rel = relative_bias.RelativeBias(table=parts[0], shape=(shape[0], shape[1]), prefix=prefix,
+                                             dense=lambda: self._dense_bias(q, ctx))
+            if len(rel) != L:
+                raise ValueError(f"the bias covers {len(rel)} tokens: expected {L} "
+                                 f"(grid {ctx.shape} + {ctx.num_prefix_tokens} prefix tokens)")
+            return rel
+        return self._dense_bias(q, ctx)
+
+    def _dense_bias(self, q: torch.Tensor, ctx: PosContext) -> torch.Tensor:
+        pe = cast(BiasEncoding, self.pe)
         kw = {"q": q} if pe.contextual else {}
         bias: torch.Tensor = pe(ctx.shape, ctx.mask, device=q.device, dtype=q.dtype, **kw)  # (B|1, heads, L, L)
         L = q.shape[-2]

@@ -215,6 +215,14 @@ class BiasEncoding(PositionEncoding):
     #: a contextual bias depends on the queries: forward is then called with ``q`` (B, heads, L, d)
     contextual: bool = False
 
+    def relative(self, shape: tuple[int, int], *, device: torch.device | str | None = None
+                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None] | None:
+        """The bias as a table over the grid's 2D offsets, for a bias of the offset alone:
+        ``(table ((2h-1)(2w-1), heads) float32, prefix scalars or None)``, which attention runs with
+        without building the (heads, L, L) bias (``vispe.kernels.relative_bias``); None otherwise
+        (this default). ``vispe.image._bias.BiasBase`` gives it for its relative encodings."""
+        return None
+
 
 class ConditionalEncoding(PositionEncoding):
     family = "conditional"

@@ -4,6 +4,13 @@
 turns the subclass's grid bias ``grid_bias(shape, device, q)`` (float32, (1|B, heads, N, N)) into
 the contract's ``(1|B, heads, P+N, P+N)``, computed with autocast off and cast to ``dtype`` last.
 
+Relative form: a bias that depends on the offset alone (relbias, log_cpb, non-contextual iRPE,
+relbias_axis) also gives ``relative_table(shape, device)``, the table over every offset the grid
+has, ((2h-1)(2w-1), heads) float32 at row ``(y_i - y_j + h - 1) * (2w - 1) + (x_i - x_j + w - 1)``
+(query minus key), so that ``grid_bias == gather_bias(relative_table, relative_position_index)``.
+``relative(shape)`` returns it with the prefix scalars: what ``vispe.kernels.relative_bias`` runs
+attention with, without the (heads, L, L) bias.
+
 Prefix tokens (class, register), BEiT's rule generalised to P tokens, zero-initialised:
 
 * ``prefix_to_token`` (heads, P):   logit bias of prefix query p to every grid key
@@ -79,6 +86,29 @@ class BiasBase(BiasEncoding):
                   q: torch.Tensor | None) -> torch.Tensor:
         """Float32 bias among the grid tokens.  # (1|B, heads, N, N)"""
         raise NotImplementedError
+
+    def relative_table(self, shape: tuple[int, int], device: torch.device) -> torch.Tensor | None:
+        """The grid bias as a table over offsets (module docstring), or None when it is not a
+        function of the offset alone.  # ((2h-1)(2w-1), heads) float32"""
+        return None
+
+    def relative(self, shape, *, device=None):
+        """``(table, prefix)``: ``relative_table`` and the prefix scalars (prefix_to_prefix (heads, P, P),
+        prefix_to_token (heads, P), token_to_prefix (heads, P), float32; None without prefix tokens),
+        or None when the bias is not relative (contextual, or another kind)."""
+        if self.contextual:
+            return None
+        shape = _checks.grid_shape("shape", shape)
+        device = self.resolve_device(device)
+        with float32_math(device):
+            table = self.relative_table(shape, device)
+            if table is None:
+                return None
+            prefix = None
+            if self.num_prefix_tokens:
+                prefix = tuple(t.to(device, torch.float32) for t in
+                               (self.prefix_to_prefix, self.prefix_to_token, self.token_to_prefix))
+        return table, prefix
 
     def _check_q(self, q, n: int) -> torch.Tensor:
         L = self.num_prefix_tokens + n

@@ -67,19 +67,31 @@ def num_buckets(method: str, beta: float) -> int:
 def irpe_index(h: int, w: int, method: str, alpha: float, beta: float, gamma: float, *,
                device=None) -> tuple[torch.Tensor, ...]:
     """Bucket index of every (query, key) pair of an (h, w) grid: one (N, N) long tensor, two for cross."""
-    _checks.choice("method", method, METHODS)
     c = grid_coords(h, w, device=device)  # (N, 2) as (y, x)
     d = c[:, None, :] - c[None, :, :]  # (N, N, 2) query minus key
-    dy, dx = d.unbind(-1)  # (N, N) each
+    return offset_buckets(d[..., 0], d[..., 1], method, alpha, beta, gamma)
+
+
+def offset_buckets(dy: torch.Tensor, dx: torch.Tensor, method: str, alpha: float, beta: float,
+                   gamma: float) -> tuple[torch.Tensor, ...]:
+    """Bucket index of offsets (dy, dx) (query minus key, float): one long tensor, two for cross.  # dy.shape each"""
+    _checks.choice("method", method, METHODS)
     b = int(beta)
     g = lambda v: piecewise_index(v, alpha, beta, gamma)  # noqa: E731
     if method == "euclidean":
-        return (g(d.square().sum(-1).sqrt().round()),)
+        return (g((dy.square() + dx.square()).sqrt().round()),)
     if method == "quant":
-        return (g(d.square().sum(-1)),)
+        return (g(dy.square() + dx.square()),)
     if method == "cross":
         return (g(dy) + b, g(dx) + b)
     return ((g(dy) + b) * (2 * b + 1) + g(dx) + b,)
+
+
+def offset_grid(h: int, w: int, *, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every offset (dy, dx) of an (h, w) grid, float32, row-major from (-(h-1), -(w-1)).  # (2h-1, 2w-1) each"""
+    dy = torch.arange(-(h - 1), h, device=device, dtype=torch.float32)
+    dx = torch.arange(-(w - 1), w, device=device, dtype=torch.float32)
+    return torch.meshgrid(dy, dx, indexing="ij")
 
 
 @register("irpe")
@@ -118,6 +130,20 @@ class IRPE(BiasBase):
         qg = q[:, :, self.num_prefix_tokens:].float() * self.head_dim ** -0.5  # (B, heads, N, d)
         qr = torch.einsum("bhnd,hkd->bhnk", qg, table)  # (B, heads, N, buckets)
         return qr.gather(-1, index[None, None].expand(qr.shape[0], qr.shape[1], N, N))  # (B, heads, N, N)
+
+    def relative_table(self, shape, device) -> torch.Tensor | None:
+        """Non-contextual: each table read at the buckets of every offset, summed.  # ((2h-1)(2w-1), heads)"""
+        if self.contextual:
+            return None
+        h, w = shape
+        idx = self.cached(("irpe_offset_buckets", h, w, device, torch.long),
+                          lambda: offset_buckets(*offset_grid(h, w, device=device), self.method, self.alpha,
+                                                 self.beta, self.gamma))  # (2h-1, 2w-1) each
+        tables = [getattr(self, n).to(device, torch.float32) for n in self._names]  # (heads, buckets)
+        out = tables[0][:, idx[0].reshape(-1)]
+        for t, i in zip(tables[1:], idx[1:]):
+            out = out + t[:, i.reshape(-1)]
+        return out.t()  # ((2h-1)(2w-1), heads)
 
     def grid_bias(self, shape, device, q=None) -> torch.Tensor:
         h, w = shape

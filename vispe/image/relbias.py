@@ -80,12 +80,14 @@ class RelBias(BiasBase):
         """The table at grid ``shape``, resized from the stored one if needed.  # (L', heads)"""
         return resize_relative_table(self.table, self.grid, shape, self.resize_mode)
 
+    def relative_table(self, shape, device) -> torch.Tensor:
+        return self.table_for(shape).to(device, torch.float32)  # ((2h-1)(2w-1), heads)
+
     def grid_bias(self, shape, device, q=None) -> torch.Tensor:
         h, w = shape
         index = self.cached(("relbias_index", h, w, device, torch.long),
                             lambda: relative_position_index(h, w, device=device))  # (N, N)
-        table = self.table_for(shape).to(device, torch.float32)  # (L', heads)
-        return gather_bias(table, index)  # (1, heads, N, N)
+        return gather_bias(self.relative_table(shape, device), index)  # (1, heads, N, N)
 
     @torch.no_grad()
     def resize_(self, shape) -> RelBias:

@@ -68,6 +68,23 @@ class AxisRelBias(BiasBase):
             return clipped_index(off, self.max_distance)
         return t5_bucket(off, bidirectional=True, num_buckets=self.num_buckets, max_distance=self.max_distance)
 
+    def relative_table(self, shape, device) -> torch.Tensor:
+        """T_y at -dy plus T_x at -dx for every offset (dy, dx) (query minus key).  # ((2h-1)(2w-1), heads)"""
+        h, w = shape
+        iy = self.cached(("relbias_axis_dy", h, device, torch.long), lambda: self.offset_index(h, device))  # (2h-1,)
+        ix = self.cached(("relbias_axis_dx", w, device, torch.long), lambda: self.offset_index(w, device))  # (2w-1,)
+        ty = self.table_y.to(device, torch.float32)[iy]  # (2h-1, heads)
+        tx = self.table_x.to(device, torch.float32)[ix]  # (2w-1, heads)
+        return (ty[:, None, :] + tx[None, :, :]).reshape(-1, self.num_heads)
+
+    def offset_index(self, n: int, device) -> torch.Tensor:
+        """Table index of the key-minus-query offsets n-1 .. -(n-1), i.e. of query-minus-key offsets
+        -(n-1) .. n-1 in order.  # (2n-1,) long"""
+        off = torch.arange(n - 1, -n, -1, device=device)  # key minus query
+        if self.index == "shaw":
+            return clipped_index(off, self.max_distance)
+        return t5_bucket(off, bidirectional=True, num_buckets=self.num_buckets, max_distance=self.max_distance)
+
     def grid_bias(self, shape, device, q=None) -> torch.Tensor:
         h, w = shape
         iy = self.cached(("relbias_axis_y", h, device, torch.long), lambda: self.axis_index(h, device))  # (h, h)

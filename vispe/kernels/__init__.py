@@ -1,5 +1,6 @@
-"""Fast paths behind ``vispe.attention.Attention``: RoPE tables and rotation (``rope``), learned
-relative bias without SDPA's math kernel (``bias_attention``), and which kernel ran (``explain``)."""
+"""Fast paths behind ``vispe.attention.Attention``: RoPE tables and rotation (``rope``), a relative
+bias kept as its table, never built in full (``relative_bias``), any other learned bias without
+SDPA's math kernel (``bias_attention``), and which kernel ran (``explain``)."""
 from __future__ import annotations
 
 from torch import nn

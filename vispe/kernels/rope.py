@@ -153,7 +153,7 @@ class _Rotate(torch.autograd.Function):
         if ctx.needs_input_grad[3]:  # d/da: g1 * (-out2) + g2 * out1, summed over broadcast dims
             g1, g2 = _halves(gw, layout)
             o1, o2 = _halves(out.to(wd), layout)
-            ga = _sum_to(g2 * o1 - g1 * o2, ctx.angles_shape)
+            ga = _sum_to(torch.mul(g2, o1).addcmul_(g1, o2, value=-1.0), ctx.angles_shape)  # one temporary
         return gx, None, None, ga, None, None
 
 
