@@ -8,9 +8,9 @@ import torch
 
 import vispe
 from vispe.models.detr import create_detr
-from vispe.models.detr.designs import CrossSpec, Design, LayerSpec, build_design
+from vispe.models.detr.designs import STRATEGIES, CrossSpec, Design, LayerSpec, build_design
 from vispe.models.detr.placement import Placement
-from vispe.models.detr.queries import STRATEGIES, DabQueries
+from vispe.models.detr.queries import DabQueries
 
 TINY = dict(backbone="small_cnn", backbone_widths=(4, 8, 8, 16), d_model=16, nheads=2, enc_layers=1, dec_layers=2,
             dim_feedforward=16, num_queries=3, dropout=0.0)
