@@ -82,6 +82,10 @@ def build_deformable(num_classes: int, *, design, placement, backbone, backbone_
     elif pe_kwargs:
         raise ValueError(f"pe_kwargs={pe_kwargs!r}: the encoding {pe!r} takes no settings")
     level_pos = LevelPositions(code, d_model, L, level_pe if level_pe == "learned" else None)
+    if enc_layers == 0 and placement.encoder == "attn" and (code is not None or level_pe == "learned"):
+        raise ValueError(f"enc_layers=0 with pe_at encoder='attn': the tokens' code ({pe!r} and the level embedding "
+                         f"level_pe={level_pe!r}) enters only the encoder's layers, so it would be used nowhere; "
+                         "expected pe_at encoder='input' (added to the memory), or pe='none' and level_pe='none'")
     encoder = DeformableEncoder(d_model, nheads, enc_layers, dim_feedforward, dropout, L, enc_points, activation)
     decoder = DeformableDecoder(DeformableDecoderLayer(d_model, nheads, dim_feedforward, dropout, L, dec_points,
                                                        activation, attn_dropout) for _ in range(dec_layers))
