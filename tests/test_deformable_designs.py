@@ -112,13 +112,27 @@ def test_every_triple_is_accepted_with_every_parameter_trained_or_refused_with_i
 
 
 def test_the_configurations_cover_every_encoding_and_design():
+    from vispe.models.detr.designs import STRATEGIES
+
     labels = " ".join(label for label, _, _ in CONFIGS)
+    assert all(f"{design} pe=" in labels for design in STRATEGIES)
     for name in vispe.available():
         for design in ("deformable", "dab"):
             assert f"{design} pe={name}" in labels
     accepted = {label.split(" pe=")[1] for label, kw, r in CONFIGS if r is None and " pe=" in label}
     families = {vispe.registry.get(n).family for n in accepted}
     assert families == {"additive", "conditional", "none"}
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(decoder="deformable"), "decoder='deformable' with attention='dense'"),
+    (dict(decoder="dab", num_feature_levels=4), "num_feature_levels=4 with attention='dense'"),
+    (dict(decoder="dab", level_pe="none"), "level_pe='none' with attention='dense'"),
+    (dict(decoder="dab", attention="sparse"), "attention='sparse': expected one of 'dense', 'deformable'"),
+])
+def test_the_dense_operator_refuses_the_deformable_options(kw, match):
+    with pytest.raises(ValueError, match=match):
+        create_detr(3, backbone="small_cnn", backbone_widths=(4, 8), d_model=16, nheads=2, **kw)
 
 
 @pytest.mark.parametrize("design", ["deformable", "two_stage", "dab relation"])
