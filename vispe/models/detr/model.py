@@ -241,30 +241,23 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
             if value is not None:
                 raise ValueError(f"{name}={value!r} with attention={attention!r}: an option of the multi-scale "
                                  f"deformable detector; expected attention='deformable' or {name}=None")
+    common = dict(placement=placement, backbone=backbone, backbone_weights=backbone_weights, dilation=dilation,
+                  train_backbone=train_backbone, backbone_widths=backbone_widths, backbone_kwargs=backbone_kwargs,
+                  backbone_mask_aware=backbone_mask_aware, pe=pe, pe_kwargs=dict(pe_kwargs or {}),
+                  dec_pe_kwargs=dict(dec_pe_kwargs or {}), grid=grid, num_queries=num_queries, d_model=d_model,
+                  nheads=nheads, enc_layers=enc_layers, dec_layers=dec_layers, dim_feedforward=dim_feedforward,
+                  dropout=dropout, attn_dropout=attn_dropout, aux_loss=aux_loss, class_head=class_head,
+                  activation=activation)
+    design_kw = dict(decoder=decoder, decoder_kwargs=dict(decoder_kwargs or {}), box_bias=box_bias,
+                     box_bias_kwargs=dict(box_bias_kwargs or {}), query_relation=query_relation,
+                     query_relation_kwargs=dict(query_relation_kwargs or {}), init=init, d_model=d_model,
+                     num_layers=dec_layers, placement=placement, pe=pe, dec_pe=dec_pe, enc_layers=enc_layers)
     if attention == "deformable":
-        design = build_design(decoder, dict(decoder_kwargs or {}), box_bias=box_bias, box_bias_kwargs=dict(box_bias_kwargs or {}),
-                              query_relation=query_relation, query_relation_kwargs=dict(query_relation_kwargs or {}),
-                              init=init, d_model=d_model, num_layers=dec_layers, placement=placement, pe=pe,
-                              dec_pe=dec_pe, enc_layers=enc_layers, attention=attention)
-        model = build_deformable(
-            num_classes, design=design, placement=placement, backbone=backbone, backbone_weights=backbone_weights,
-            dilation=dilation, train_backbone=train_backbone, backbone_widths=backbone_widths,
-            backbone_kwargs=backbone_kwargs, backbone_mask_aware=backbone_mask_aware, pe=pe, pe_kwargs=dict(pe_kwargs or {}),
-            dec_pe_kwargs=dict(dec_pe_kwargs or {}), grid=grid, num_queries=num_queries, d_model=d_model, nheads=nheads,
-            enc_layers=enc_layers, dec_layers=dec_layers, dim_feedforward=dim_feedforward, dropout=dropout,
-            attn_dropout=attn_dropout, aux_loss=aux_loss, class_head=class_head, activation=activation,
-            num_feature_levels=num_feature_levels, n_points=n_points, level_pe=level_pe, backbone_levels=backbone_levels)
+        model = build_deformable(num_classes, design=build_design(**design_kw, attention=attention), **common,
+                                 num_feature_levels=num_feature_levels, n_points=n_points, level_pe=level_pe,
+                                 backbone_levels=backbone_levels)
     else:
-        model = _build_dense(num_classes, placement=placement, backbone=backbone, backbone_weights=backbone_weights,
-                             dilation=dilation, train_backbone=train_backbone, backbone_widths=backbone_widths,
-                             backbone_kwargs=backbone_kwargs, backbone_mask_aware=backbone_mask_aware, pe=pe,
-                             pe_kwargs=pe_kwargs, dec_pe=dec_pe, dec_pe_kwargs=dec_pe_kwargs, grid=grid,
-                             num_queries=num_queries, d_model=d_model, nheads=nheads, enc_layers=enc_layers,
-                             dec_layers=dec_layers, dim_feedforward=dim_feedforward, dropout=dropout,
-                             attn_dropout=attn_dropout, aux_loss=aux_loss, decoder=decoder, decoder_kwargs=decoder_kwargs,
-                             box_bias=box_bias, box_bias_kwargs=box_bias_kwargs, query_relation=query_relation,
-                             query_relation_kwargs=query_relation_kwargs, class_head=class_head, activation=activation,
-                             init=init, attention=attention)
+        model = _build_dense(num_classes, design_kw, dec_pe=dec_pe, attention=attention, **common)
     model.config = dict(num_classes=num_classes, backbone=backbone if isinstance(backbone, str) else type(backbone).__name__,
                         backbone_kwargs=dict(backbone_kwargs or {}), backbone_mask_aware=backbone_mask_aware,
                         dilation=dilation, backbone_widths=backbone_widths,
@@ -282,24 +275,20 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
     return model
 
 
-def _build_dense(num_classes, *, placement, backbone, backbone_weights, dilation, train_backbone, backbone_widths,
-                 backbone_kwargs, backbone_mask_aware, pe, pe_kwargs, dec_pe, dec_pe_kwargs, grid, num_queries, d_model,
-                 nheads, enc_layers, dec_layers, dim_feedforward, dropout, attn_dropout, aux_loss, decoder,
-                 decoder_kwargs, box_bias, box_bias_kwargs, query_relation, query_relation_kwargs, class_head,
-                 activation, init, attention) -> DETR:
-    """The single-scale detector with dense cross-attention (``create_detr``'s default)."""
+def _build_dense(num_classes, design_kw: dict, *, placement, backbone, backbone_weights, dilation, train_backbone,
+                 backbone_widths, backbone_kwargs, backbone_mask_aware, pe, pe_kwargs, dec_pe, dec_pe_kwargs, grid,
+                 num_queries, d_model, nheads, enc_layers, dec_layers, dim_feedforward, dropout, attn_dropout, aux_loss,
+                 class_head, activation, attention) -> DETR:
+    """The single-scale detector with dense cross-attention (``create_detr``'s default); the backbone is
+    built first (the random draws of every run before the deformable operator)."""
     net = build_backbone(backbone, weights=backbone_weights, dilation=dilation, train_backbone=train_backbone,
                          widths=backbone_widths, kwargs=backbone_kwargs, mask_aware=backbone_mask_aware)
-    design = build_design(decoder, dict(decoder_kwargs or {}), box_bias=box_bias,
-                          box_bias_kwargs=dict(box_bias_kwargs or {}), query_relation=query_relation,
-                          query_relation_kwargs=dict(query_relation_kwargs or {}), init=init, d_model=d_model,
-                          num_layers=dec_layers, placement=placement, pe=pe, dec_pe=dec_pe, enc_layers=enc_layers,
-                          stride=net.stride, attention=attention)
+    design = build_design(**design_kw, stride=net.stride, attention=attention)
     transformer = Transformer(d_model, nheads, enc_layers, design.layers(), dim_feedforward, dropout, attn_dropout,
                               enc_pos_scale=design.enc_pos_scale, activation=activation)
-    model = DETR(net, transformer, design, num_classes=num_classes, num_queries=num_queries, pe=pe,
-                 pe_kwargs=dict(pe_kwargs or {}), placement=placement, dec_pe=dec_pe,
-                 dec_pe_kwargs=dict(dec_pe_kwargs or {}), grid=grid, aux_loss=aux_loss, class_head=class_head)
+    model = DETR(net, transformer, design, num_classes=num_classes, num_queries=num_queries, pe=pe, pe_kwargs=pe_kwargs,
+                 placement=placement, dec_pe=dec_pe, dec_pe_kwargs=dec_pe_kwargs, grid=grid, aux_loss=aux_loss,
+                 class_head=class_head)
     if design.queries.random_refpoints_xy:
         fix_refpoints_xy(model.query_embed.weight)
     if design.relation is not None:  # built last: at one seed, every other weight is the run's without it
