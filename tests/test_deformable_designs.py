@@ -4,9 +4,9 @@ parameter (DDP needs a gradient for each), an image alone equals it padded in a 
 initialisation, and the options the deformable detector adds."""
 import pytest
 import torch
+from test_deformable_encoder import perturb
 
 import vispe
-from test_deformable_encoder import perturb
 from vispe.models.detr import create_detr
 from vispe.models.detr.deformable_model import DeformableDETR
 

@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 import torch
+from test_deformable_encoder import padded_batch, perturb
 from transformers import DeformableDetrConfig, DeformableDetrForObjectDetection
 
-from test_deformable_encoder import padded_batch, perturb
 from vispe.models.detr import load_detr
 from vispe.models.detr.deformable_model import DeformableDETR
 

@@ -4,34 +4,18 @@ Multi-scale deformable attention (Zhu et al., ICLR 2021) has no query-key dot pr
 sampling offsets and weights from its content plus its position ``p_q``, and reads the memory
 bilinearly around its reference point. What that means for each option:
 
-=========================  ==================================================================================
-option                     on the deformable operator
-=========================  ==================================================================================
-``decoder``                "deformable" (Deformable DETR's queries: ``query_embed`` split into ``p_q`` and the
-                           content, reference points ``sigmoid(Linear(p_q))``; ``with_box_refine``,
-                           ``two_stage``) or "dab" (DAB's anchors are the reference points, ``p_q =
-                           MLP(A(anchor))`` at every layer: DINO's query formulation, without denoising).
-                           "detr" is refused (its learned query positions give no reference point: that is
-                           "deformable"), "conditional" too (its spatial query is concatenated to q for a dot
-                           product with the keys' code; with reference points from ``p_q`` it is "deformable").
-``pe`` (encoder tokens)    additive (per level, mask-aware, plus the level embedding ``level_pe``), at
-                           ``pe_at`` encoder "attn" (added to the query of every encoder layer, the paper's)
-                           or "input" (added once to the tokens); conditional (PEG) at "input": applied to
-                           every level's map before flattening; "none": the level embedding alone. Rotary
-                           and bias encodings are refused: there is no q.k to rotate or bias.
-``dec_pe``                 refused: the decoder's keys are only sampled, they carry no code; the queries'
-                           position is the anchors' (``decoder_kwargs`` ``anchor_pe`` for "dab").
-``pe_at`` decoder          "attn" only (position enters through where each query samples).
-``box_bias`` (BoxRPB)      refused: it biases attention logits of a query against every cell; sampling
-                           attention has no such logits (its weights come from the query alone).
-``query_relation``         accepted where anchors are boxes before the first layer ("dab" with
-                           ``query_dim=4``, "deformable" with ``two_stage=True``): it biases the decoder's
-                           self-attention, which is dense (Relation-DETR is a deformable detector).
-``keep_query_pos``         refused ("dab"): every deformable layer takes ``p_q``.
-``enc_pos_scale``          refused ("dab"): DAB's encoder scaling has no place in the deformable encoder.
-``init``                   "papers" (Deformable DETR's code; see ``deformable_build``); "legacy" refused
-                           (there is no earlier vispe initialisation of this detector).
-=========================  ==================================================================================
+| option | on the deformable operator |
+|---|---|
+| ``decoder`` | "deformable" (Deformable DETR's queries: ``query_embed`` split into ``p_q`` and the content, reference points ``sigmoid(Linear(p_q))``; ``with_box_refine``, ``two_stage``) or "dab" (DAB's anchors are the reference points, ``p_q = MLP(A(anchor))`` at every layer: DINO's query formulation, without its denoising, mixed query selection, look-forward-twice and final decoder norm; the anchors are coded in units of each image's valid area, batch-invariant, where DINO's code takes them scaled by level 0's valid ratio, i.e. in units of the padded canvas). "detr" is refused (its learned query positions give no reference point: that is "deformable"), "conditional" too (its spatial query is concatenated to q for a dot product with the keys' code; with reference points from ``p_q`` it is "deformable"). |
+| ``pe`` (encoder tokens) | additive (per level, mask-aware where the encoding is, plus the level embedding ``level_pe``), at ``pe_at`` encoder "attn" (added to the query of every encoder layer, the paper's) or "input" (added once to the tokens); conditional (PEG) at "input": applied to every level's map before flattening; "none": the level embedding alone. Rotary and bias encodings are refused: there is no q.k to rotate or bias. |
+| ``dec_pe`` | refused: the decoder's keys are only sampled, they carry no code; the queries' position is the anchors' (``decoder_kwargs`` ``anchor_pe`` for "dab"). |
+| ``pe_at`` decoder | "attn" only (position enters through where each query samples). |
+| ``box_bias`` (BoxRPB) | refused: it biases attention logits of a query against every cell; sampling attention has no such logits (its weights come from the query alone). |
+| ``query_relation`` | accepted where anchors are boxes before the first layer ("dab" with ``query_dim=4``, "deformable" with ``two_stage=True``): it biases the decoder's self-attention, which is dense (Relation-DETR is a deformable detector). |
+| ``keep_query_pos`` | refused ("dab"): every deformable layer takes ``p_q``. |
+| ``enc_pos_scale`` | refused ("dab"): DAB's encoder scaling has no place in the deformable encoder. |
+| ``enc_layers=0`` | with a code at the encoder's attention ("attn"): refused (the code would be used nowhere). |
+| ``init`` | "papers" (Deformable DETR's code; see ``deformable_build``); "legacy" refused (there is no earlier vispe initialisation of this detector). |
 """
 from __future__ import annotations
 

@@ -34,9 +34,12 @@ from torch import nn
 
 from vispe.coords import points_at_levels, valid_ratios
 from vispe.kernels.deformable import Levels, swap_xy
+from vispe.models.detr._inputs import (
+    check_inputs as _check_inputs,
+    eager_backbone as _eager_backbone,
+    image_channels as _image_channels,
+)
 from vispe.models.detr.designs import Design
-from vispe.models.detr._inputs import check_inputs as _check_inputs, eager_backbone as _eager_backbone, \
-    image_channels as _image_channels
 from vispe.models.detr.mlp import MLP
 
 #: the paper's learning-rate factor of the sampling offsets and reference points (``lr_linear_proj_mult``)

@@ -67,7 +67,7 @@ class DeformableQueries(QueryPositions):
             self.reference_points = nn.Linear(d, 2)  # p_q -> (cx, cy) before the sigmoid
 
     @classmethod
-    def build(cls, options: dict, c: StrategyContext) -> "DeformableQueries":
+    def build(cls, options: dict, c: StrategyContext) -> DeformableQueries:
         return cls(c.d_model, with_box_refine=options.pop("with_box_refine", False),
                    two_stage=options.pop("two_stage", False), two_stage_select=options.pop("two_stage_select", "valid"))
 

@@ -40,8 +40,7 @@ from pathlib import Path
 import torch
 
 from vispe.encoding import GRID_KEY
-from vispe.models.detr import load_deformable_detr as D
-from vispe.models.detr import load_positioned as P
+from vispe.models.detr import load_deformable_detr as D, load_positioned as P
 from vispe.models.detr.load_positioned import check_timm_backbone as _check_timm_backbone
 from vispe.models.detr.model import DETR, create_detr
 
