@@ -30,7 +30,8 @@ def recorded_points(script: str, tmp_path: Path) -> list[tuple[str, object]]:
     fake, log = tmp_path / "py", tmp_path / "calls.jsonl"
     fake.write_text(f"#!{sys.executable}\n{RECORDER}")
     fake.chmod(0o755)
-    env = {**os.environ, "PY": str(fake), "OUT": str(tmp_path / "sweep"), "SWEEP_LOG": str(log)}
+    env = {**os.environ, "PY": str(fake), "OUT": str(tmp_path / "sweep"), "SWEEP_LOG": str(log),
+           "LOCK": str(tmp_path / "no.lock")}  # no lock file: the scripts run their points directly
     subprocess.run(["bash", str(HERE / script)], env=env, check=True, capture_output=True, timeout=60)
     points = []
     for line in log.read_text().splitlines():
@@ -90,3 +91,28 @@ def test_same_numbers_names_what_differs():
     assert same_numbers._where(then, now) == " (1 numbers, largest relative difference 1.0e-06 at eval.64.loss)"
     now["steps"] = 9  # a count that differs is not a rounding difference
     assert same_numbers._where(then, now).endswith("largest relative difference inf at steps)")
+
+
+def test_deformable_script_asks_for_the_rows_its_table_names(tmp_path):
+    """run_detr_deformable.sh: every point is the deformable detector with the design its name says (plain,
+    refinement, two-stage, DAB anchors; the level embedding off where named), at the shapes budget; the
+    runs of its CSV (when there is one) are among its points."""
+    import sys as _sys
+    _sys.path.insert(0, str(HERE))
+    import update
+
+    points = recorded_points("run_detr_deformable.sh", tmp_path)
+    names = {n for n, _ in points}
+    assert len(points) == 16 and {n.rsplit("_seed", 1)[0] for n in names} == {r for _, r, _ in update.DEFORMABLE_ROWS}
+    if (HERE / "data" / "shapes_deformable_detr.csv").is_file():
+        assert csv_runs("shapes_deformable_detr.csv") <= names
+    for name, cfg in points:
+        kwargs = OmegaConf.to_container(cfg.detr.decoder_kwargs)
+        assert cfg.detr.attention == "deformable" and cfg.train.epochs == 16, name
+        assert cfg.detr.decoder == ("dab" if "decoder-dab" in name else "deformable"), name
+        assert kwargs.get("with_box_refine", False) == ("with_box_refine_true" in name), name
+        assert kwargs.get("two_stage", False) == ("two_stage_true" in name), name
+        assert cfg.detr.level_pe == ("none" if "level_pe-none" in name else None), name
+    for name, cfg in points:
+        if name.endswith("_seed0") and "level_pe" not in name:
+            builds(cfg)

@@ -32,7 +32,9 @@ def args_for(tmp: Path, coco: Path, *extra: str) -> list[str]:
     ("detr.decoder=conditional", "detr.box_bias=null"),
     ("detr.decoder=dab", "detr.dec_pe=rope_axial", "detr.box_bias=null"),
     ("detr.decoder=dab", "detr.box_bias=boxrpb", "detr.box_bias_kwargs.hidden=8", "detr.activation=prelu"),
-], ids=["conditional", "dab-rope_axial", "dab-boxrpb-prelu"])
+    ("detr.attention=deformable", "detr.decoder=dab", "detr.box_bias=null", "detr.d_model=32", "detr.num_feature_levels=2",
+     "detr.backbone_levels=1", "detr.n_points=2"),
+], ids=["conditional", "dab-rope_axial", "dab-boxrpb-prelu", "dab-deformable"])
 def test_positioned_designs_train_evaluate_and_draw(tmp_path, extra):
     coco = write_miniature_coco(tmp_path / "coco", n_images=4, seed=0)
     name = "run"
@@ -60,6 +62,10 @@ DDP_DESIGNS = {  # design -> encodings trained after it (train.compare): rotary 
     "conditional": (("detr.decoder=conditional", "detr.box_bias=null"), "[rope_axial,none]"),
     "dab-boxrpb-relation": (("detr.decoder=dab", "detr.query_relation=relation", "detr.box_bias_kwargs.hidden=8"),
                             "[rope_mixed,none]"),
+    "deformable-two-stage-relation": (("detr.attention=deformable", "detr.decoder=deformable", "detr.box_bias=null",
+                                       "detr.decoder_kwargs={with_box_refine: true, two_stage: true}",
+                                       "detr.query_relation=relation", "detr.d_model=32", "detr.num_feature_levels=2",
+                                       "detr.backbone_levels=1", "detr.n_points=2"), "[none]"),
 }
 DRIVER = """import importlib.util, json, sys
 import torch.distributed as dist

@@ -35,7 +35,8 @@ from tables_padding import leakage_table1, leakage_table4, redgreen_table  # noq
 import constant_offset  # noqa: E402  (beside this file: the constant-offset measurement, seconds)
 import spread  # noqa: E402  (beside this file: the seeds' and machines' spread, reproducibility.md)
 
-SWEEPS = TASKS + ("shapes_detr", "shapes_detr_queries", "shapes_detr_init", "relbias_init_vit", "relbias_init_torch")
+SWEEPS = TASKS + ("shapes_detr", "shapes_detr_queries", "shapes_detr_init", "shapes_deformable_detr", "relbias_init_vit",
+                  "relbias_init_torch")
 INITS = (("relbias_init_vit", "ViT / timm default (`weight_init=''`: trunc-normal 0.02, zero biases)"),
          ("relbias_init_torch", "PyTorch default (`model.kwargs.weight_init=skip`: Kaiming-uniform, std ~0.07, non-zero biases)"))
 CHANCE = {"digits_cell": 1 / 9, "digits_relative": 1 / 4, "digits_content_position": 1 / 20, "digits_class": 1 / 10}
@@ -194,11 +195,65 @@ def init_relation_table() -> str:
     return "\n".join(lines)
 
 
+SINGLE_SCALE_ROWS = [  # (row, CSV, group label): configs/shapes_detr.yaml's single-scale designs at the same budget
+    ("single-scale DAB-DETR + BoxRPB (configs/shapes_detr.yaml, vispe's init before issue 35)", "shapes_detr_queries",
+     "sine [decoder=dab, temperature=20.0, box_bias=boxrpb]"),
+    ("single-scale DAB-DETR + BoxRPB, the papers' initialisation (issue 35)", "shapes_detr_init", "sine [init=papers]"),
+    ("single-scale DAB-DETR (no box bias)", "shapes_detr_queries", "sine [decoder=dab, temperature=20.0]"),
+]
+DEFORMABLE_ROWS = [  # (row, run name without _seedN in shapes_deformable_detr, published COCO AP (R50))
+    ("Deformable DETR (`detr.decoder=deformable`)", "sine+decoder-deformable", "50 ep: 44.5"),
+    ("Deformable DETR + box refinement", "sine+decoder_kwargs-with_box_refine_true", "50 ep: 46.2"),
+    ("two-stage Deformable DETR (+ refinement)", "sine+decoder_kwargs-with_box_refine_true_two_stage_true",
+     "50 ep: 46.9"),
+    ("DAB anchors on the deformable decoder (`detr.decoder=dab`: DINO's queries, no denoising)", "sine+decoder-dab",
+     "DINO 12 ep: 49.0 (with its denoising and mixed query selection)"),
+    ("Deformable DETR, no level embedding", "sine+decoder-deformable+level_pe-none", "-"),
+    ("+ box refinement, no level embedding", "sine+decoder_kwargs-with_box_refine_true+level_pe-none", "-"),
+    ("two-stage, no level embedding", "sine+decoder_kwargs-with_box_refine_true_two_stage_true+level_pe-none", "-"),
+    ("DAB anchors, no level embedding", "sine+decoder-dab+level_pe-none", "-"),
+]
+
+
+def _ap_row(row: str, at: pd.DataFrame, sizes: pd.DataFrame, paper: str) -> str:
+    at = at.sort_values("seed")
+    cell = lambda c: report.fmt(at[c].mean(), at[c].std(), len(at))  # noqa: E731
+    seeds = " / ".join(f"{v:.3f}" for v in at["AP"])
+    scales = " / ".join(f"{sizes[sizes['scale'] == s]['AP'].mean():.3f}" for s in (0.75, 1.5))
+    commits = ", ".join(sorted({str(c)[:7] for c in at["commit"].dropna()})) or "-"
+    step = f"{1e3 * at['step_time_s'].mean():.0f} ms" if "step_time_s" in at else "-"
+    return f"| {row} | {cell('AP')} | {cell('AP50')} | {seeds} | {scales} | {len(at)} | {step} | {commits} | {paper} |"
+
+
+def deformable_table() -> str:
+    """Issue 36's rows: the deformable designs at configs/shapes_detr.yaml's budget, beside the single-scale
+    rows; AP at the training size (mean +- std, each seed), at 0.75x / 1.5x, mean step time of the runs."""
+    lines = ["| design (16 epochs, shapes set) | AP | AP50 | AP per seed | AP at 0.75x / 1.5x | seeds | step | commit "
+             "| published (COCO, R50) |", "|---|---|---|---|---|---|---|---|---|"]
+    for row, name, group in SINGLE_SCALE_ROWS:
+        df = load(name)
+        fin = None if df is None else report.add_group(df[df["status"] == "finished"])
+        g = None if fin is None else fin[fin["group"].map(_key) == _key(group)]
+        if g is None or g.empty:
+            lines.append(f"| {row} | pending | pending | - | - | 0 | - | - | - |")
+            continue
+        lines.append(_ap_row(row, g[g["is_train_size"].astype(bool)], g, "-"))
+    df = load("shapes_deformable_detr")
+    for row, run, paper in DEFORMABLE_ROWS:
+        g = None if df is None else df[(df["status"] == "finished") & (df["run"].str.replace(r"_seed\d+$", "", regex=True)
+                                                                         == run)]
+        if g is None or g.empty:
+            lines.append(f"| {row} | pending | pending | - | - | 0 | - | - | {paper} |")
+            continue
+        lines.append(_ap_row(row, g[g["is_train_size"].astype(bool)], g, paper))
+    return "\n".join(lines)
+
+
 BLOCKS = {**{f"main:{t}": (lambda t=t: main_table(t)) for t in TASKS},
           **{f"resolution:{t}": (lambda t=t: resolution_table(t)) for t in TASKS},
           **{f"main:{t}_today": (lambda t=t: main_table(t, today_only=True)) for t in TASKS},
           **{f"today_vs_old:{t}": (lambda t=t: today_vs_old(t)) for t in TASKS},
-          "peg": peg_table, "status": status_table, "detr": detr_table, "detr_queries": queries_table, "detr_init": init_relation_table, "relbias_init": relbias_init_table, "redgreen": redgreen_table, "islam_table1": leakage_table1,
+          "peg": peg_table, "status": status_table, "detr": detr_table, "detr_queries": queries_table, "detr_init": init_relation_table, "detr_deformable": deformable_table, "relbias_init": relbias_init_table, "redgreen": redgreen_table, "islam_table1": leakage_table1,
           "islam_table4": leakage_table4, "constant_offset": constant_offset.markdown,
           **{f"spread:{f.__name__}": f for f in (spread.seed_spread, spread.reruns, spread.machines)},
           "provenance": lambda: freshness.markdown(freshness.check())}

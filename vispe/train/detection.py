@@ -130,7 +130,7 @@ class DetectionTask:
         matcher = HungarianMatcher(t.cost_class, t.cost_bbox, t.cost_giou, **focal)
         self.criterion = SetCriterion(info.num_classes, matcher, eos_coef=t.eos_coef, weight_ce=t.weight_ce,
                                       weight_bbox=t.weight_bbox, weight_giou=t.weight_giou, **focal)
-        divisor = t.size_divisibility or model.backbone.stride
+        divisor = t.size_divisibility or getattr(model, "stride", None) or model.backbone.stride  # multi-scale: the backbone's coarsest
         self.collate_fn = partial(collate_detection, size_divisibility=divisor)
         return model
 

@@ -112,6 +112,11 @@ class DetrModelConfig:
     class_head: Optional[str] = None  # softmax (K+1, cross-entropy) | sigmoid (K, focal loss); None = the design's
     activation: str = "relu"  # the transformer FFNs': relu | prelu (DAB-DETR) | gelu
     init: str = "papers"  # papers (Conditional/DAB-DETR's code) | legacy (vispe's before issue 35)
+    attention: str = "dense"  # dense | deformable (multi-scale Deformable DETR; decoder=deformable | dab)
+    num_feature_levels: Optional[int] = None  # deformable: levels (None = 4)
+    n_points: Any = None  # deformable: sampling points per head and level, or [encoder, decoder] (None = 4)
+    level_pe: Optional[str] = None  # deformable: learned | none, the level embedding (None = learned)
+    backbone_levels: Optional[int] = None  # deformable: levels from the backbone, the rest extra convs (None = min(L, 3))
 
 
 @dataclass

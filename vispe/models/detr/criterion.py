@@ -13,6 +13,10 @@ focal loss (Lin et al. 2017, ``torchvision.ops.sigmoid_focal_loss``) of the one-
 unmatched query an all-zero target, summed and divided by ``num_boxes`` (the papers' ``mean(1).sum()
 / num_boxes * num_queries``). The outputs' ``class_head`` must agree with the loss (else ValueError).
 
+Two-stage detectors (Deformable DETR's A.4) also return ``enc_outputs``, every encoder token's proposal:
+it gets the same losses against the targets with every label set to class 0 (the papers' class-agnostic
+proposals), reported with the suffix ``_enc``.
+
 ``num_boxes`` is the number of target boxes in the batch, summed over processes when
 torch.distributed is initialised and divided by the world size (DETR), at least 1.
 Targets are checked first (``check_targets``): boxes (N, 4) normalised (cx, cy, w, h) inside the
@@ -101,6 +105,11 @@ class SetCriterion(nn.Module):
             total = total + sum(self.weights[k] * v for k, v in part.items())
             suffix = "" if i == 0 else f"_{i - 1}"
             losses.update({k + suffix: v for k, v in part.items()})
+        if "enc_outputs" in outputs:  # two-stage proposals: class-agnostic targets (every label 0)
+            binary = [{"boxes": t["boxes"], "labels": torch.zeros_like(t["labels"])} for t in targets]
+            part = self._losses(outputs["enc_outputs"], binary, num_boxes)
+            total = total + sum(self.weights[k] * v for k, v in part.items())
+            losses.update({k + "_enc": v for k, v in part.items()})
         losses["loss"] = total
         return losses
 

@@ -75,13 +75,14 @@ class DeformableDecoderLayer(nn.Module):
 
     def forward(self, t: torch.Tensor, query_pos: torch.Tensor | None, reference: torch.Tensor, memory: torch.Tensor,
                 levels: Levels, key_padding_mask: torch.Tensor | None = None, *, self_ctx: PosContext | None = None,
-                self_attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+                self_attn_mask: torch.Tensor | None = None, self_bias: torch.Tensor | None = None) -> torch.Tensor:
         """Queries ``t`` (B, Q, d) at ``query_pos`` (B|1, Q, d), ``reference`` (B, Q, L, 2|4), ``memory``
         (B, N, d) of ``levels`` with ``key_padding_mask`` (B, N). ``self_ctx`` replaces the
         self-attention's context (default: ``PosContext(pos=query_pos)``); ``self_attn_mask`` (Q, Q)
-        masks query pairs (denoising groups).  # (B, Q, d)"""
+        masks query pairs (denoising groups); ``self_bias`` (B|1, heads, Q, Q) is added to the
+        self-attention's logits (Relation-DETR's box relation).  # (B, Q, d)"""
         ctx = self_ctx if self_ctx is not None else PosContext(pos=query_pos)
-        t = self.norm1(t + self.self_attn(t, attn_mask=self_attn_mask, ctx=ctx))
+        t = self.norm1(t + self.self_attn(t, attn_mask=self_attn_mask, ctx=ctx, bias=self_bias))
         t = self.norm2(t + self.dropout(self.cross_attn(t, reference, memory, levels, key_padding_mask,
                                                         query_pos=query_pos)))
         return self.norm3(t + self.mlp(t))

@@ -27,9 +27,14 @@ loss, the default of the positioned designs, as their papers).
 initialisation for the positioned designs) or "legacy" (vispe's before issue 35). DETR's design has
 one initialisation, DETR's own, under either name.
 
-A cross-attention operator is ``CrossSpec.operator`` (``transformer.CROSS_OPERATORS``: "dense" today);
-a query strategy is a ``queries.QueryPositions`` subclass in ``queries.STRATEGIES``. The design is the
-one place that combines them with the keys and the options.
+A cross-attention operator is ``CrossSpec.operator`` (``create_detr(attention=...)``): "dense"
+(``transformer.CROSS_OPERATORS``: every query against every memory cell) or "deformable" (Deformable
+DETR's multi-scale sampling at each query's reference point, ``vispe.models.detr.deformable_model``;
+its checks: ``vispe.models.detr.deformable_design``). A query strategy is a ``queries.QueryPositions``
+subclass in ``STRATEGIES`` (here): "detr", "conditional", "dab", and "deformable" (Deformable DETR's
+own, ``vispe.models.detr.deformable_queries``). On the deformable operator the designs are
+"deformable" and "dab" (DAB's anchors become the reference points: DINO's query formulation, without
+denoising); the design is the one place that combines strategy, operator, keys and options.
 """
 from __future__ import annotations
 
@@ -37,15 +42,21 @@ from dataclasses import dataclass, field
 
 import torch
 
+from vispe.models.detr import deformable_design
+from vispe.models.detr.deformable_queries import DeformableQueries
 from vispe.models.detr.placement import Placement, check_family
-from vispe.models.detr.queries import STRATEGIES, QueryPositions, StrategyContext
+from vispe.models.detr.queries import ConditionalQueries, DabQueries, QueryPositions, StrategyContext
 from vispe.registry import get
+
+#: ``create_detr(decoder=...)``: the query-position strategy of each design
+STRATEGIES = {"detr": QueryPositions, "conditional": ConditionalQueries, "dab": DabQueries,
+              "deformable": DeformableQueries}
 
 CLASS_HEADS = ("softmax", "sigmoid")
 BOX_BIASES = ("boxrpb",)
 RELATIONS = ("relation",)
 INITS = ("papers", "legacy")
-OPERATORS = ("dense",)
+OPERATORS = ("dense", "deformable")  # create_detr(attention=...)
 RELATION_KWARGS = ("num_feats", "temperature", "scale")
 
 
@@ -99,8 +110,10 @@ class Design:
 def build_design(decoder: str, decoder_kwargs: dict, *, box_bias: str | None = None, box_bias_kwargs: dict | None = None,
                  query_relation: str | None = None, query_relation_kwargs: dict | None = None, init: str = "papers",
                  d_model: int, num_layers: int, placement: Placement, pe: str, dec_pe: str | None = None,
-                 enc_layers: int = 1, stride: float = 16.0) -> Design:
-    """Check every option against the design and the encodings, and build the typed design."""
+                 enc_layers: int = 1, stride: float = 16.0, attention: str = "dense") -> Design:
+    """Check every option against the design, the operator and the encodings, and build the typed design."""
+    if attention not in OPERATORS:
+        raise ValueError(f"attention={attention!r}: expected one of {', '.join(map(repr, OPERATORS))}")
     if decoder not in STRATEGIES:
         raise ValueError(f"decoder={decoder!r}: expected one of {', '.join(map(repr, STRATEGIES))}")
     cls = STRATEGIES[decoder]
@@ -111,14 +124,22 @@ def build_design(decoder: str, decoder_kwargs: dict, *, box_bias: str | None = N
         raise ValueError(f"decoder_kwargs has {unknown} for decoder={decoder!r}: expected some of {allowed}")
     if init not in INITS:
         raise ValueError(f"init={init!r}: expected one of {', '.join(map(repr, INITS))}")
-    check_family(pe, get(pe).family, placement, dec_pe, get(dec_pe).family if dec_pe is not None else None,
-                 design=decoder)
     _check_choice("box_bias", box_bias, BOX_BIASES, box_bias_kwargs)
     _check_choice("query_relation", query_relation, RELATIONS, query_relation_kwargs)
+    if attention == "deformable":
+        deformable_design.check(decoder, kw, placement=placement, pe=pe, dec_pe=dec_pe, box_bias=box_bias, init=init)
+    elif decoder in deformable_design.DESIGNS_ONLY:
+        raise ValueError(f"decoder={decoder!r} with attention='dense': Deformable DETR's queries sample the memory at "
+                         "their reference points; expected attention='deformable' (or a dense design: "
+                         "'detr', 'conditional', 'dab')")
+    else:
+        check_family(pe, get(pe).family, placement, dec_pe, get(dec_pe).family if dec_pe is not None else None,
+                     design=decoder)
     if decoder != "detr" and placement.queries != "attn":
         raise ValueError(f"pe_at['queries']={placement.queries!r} with decoder={decoder!r}: positioned queries take "
                          "their positions at every attention layer; expected 'attn'")
-    keys = "add" if decoder == "detr" else _positioned_keys(pe, dec_pe, placement)
+    keys = "sampled" if attention == "deformable" else "add" if decoder == "detr" else \
+        _positioned_keys(pe, dec_pe, placement)
     queries = cls.build(kw, StrategyContext(d_model, num_layers, keys, placement.queries))
     for name, value in (("box_bias", box_bias), ("query_relation", query_relation)):
         if value is not None and not queries.anchor_boxes:
@@ -135,8 +156,8 @@ def build_design(decoder: str, decoder_kwargs: dict, *, box_bias: str | None = N
         if bad:
             raise ValueError(f"query_relation_kwargs has {bad}: expected some of {', '.join(RELATION_KWARGS)}")
     bias = {"stride": float(stride), **(box_bias_kwargs or {})} if box_bias is not None else None
-    return Design(queries, CrossSpec("dense", keys, bias), num_layers, relation,
-                  _enc_pos_scale(queries, placement, pe, enc_layers), init)
+    enc_scale = False if attention == "deformable" else _enc_pos_scale(queries, placement, pe, enc_layers)
+    return Design(queries, CrossSpec(attention, keys, bias), num_layers, relation, enc_scale, init)
 
 
 def _check_choice(name: str, value, choices: tuple, kwargs) -> None:

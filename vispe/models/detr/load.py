@@ -15,6 +15,10 @@
 * the papers' own Conditional DETR (Atten4Vis/ConditionalDETR) and DAB-DETR (IDEA-Research/DAB-DETR)
   checkpoints, ``{"model": state_dict, "args": Namespace}`` or the state_dict alone
   (``load_positioned.OFFICIAL``);
+* transformers' ``DeformableDetrForObjectDetection`` (or its ``state_dict()`` with ``config=`` its
+  config) and fundamentalvision/Deformable-DETR's checkpoints, single-stage, ``with_box_refine`` and
+  ``two_stage``: ``create_detr(attention="deformable", decoder="deformable")``
+  (``vispe.models.detr.load_deformable_detr``);
 * a path to a ``.pth`` / ``.bin`` file holding any of these (read with ``weights_only=True``).
 
 What the weights cannot tell (``nheads``, ``dilation``, dropout) comes from the config or the
@@ -36,7 +40,8 @@ from pathlib import Path
 import torch
 
 from vispe.encoding import GRID_KEY
-from vispe.models.detr import load_positioned as P
+from vispe.models.detr import load_deformable_detr as D, load_positioned as P
+from vispe.models.detr.load_positioned import check_timm_backbone as _check_timm_backbone
 from vispe.models.detr.model import DETR, create_detr
 
 _COMMON = [  # (pattern, replacement) applied to both formats after their own renames
@@ -73,14 +78,19 @@ _DETR = [
 _QKV = re.compile(r"^(.*\.(?:self_attn|cross_attn))\.(q|k|v)_proj\.(weight|bias)$")
 
 
-def _read(source):
-    """(state_dict, format, architecture hints) from any accepted ``source``."""
+def _file(source):
+    """``source`` itself, or what the file it names holds."""
     if isinstance(source, (str, Path)):
         path = Path(source)
         if not path.is_file():
             raise ValueError(f"source={str(path)!r}: no such file")
         with torch.serialization.safe_globals([argparse.Namespace]):
-            source = torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(path, map_location="cpu", weights_only=True)
+    return source
+
+
+def _read(source):
+    """(state_dict, format, architecture hints) from any accepted ``source``."""
     if isinstance(source, torch.nn.Module):
         model_type = getattr(getattr(source, "config", None), "model_type", None)
         if model_type in P.DESIGN_OF_MODEL_TYPE:
@@ -110,16 +120,6 @@ def _read(source):
         return source, "detr", hints
     raise ValueError(f"source has keys like {keys[:3]}: expected a transformers DETR state_dict "
                      "(model.backbone..., class_labels_classifier...) or a facebookresearch/detr one (backbone.0.body...)")
-
-
-def _check_timm_backbone(c) -> str | None:
-    """The timm backbone's name of a transformers config; its own ResNet is refused."""
-    bb = getattr(c, "backbone_config", None)
-    timm_bb = getattr(bb, "model_type", None) == "timm_backbone" if bb is not None else getattr(c, "use_timm_backbone", False)
-    if not timm_bb:
-        raise ValueError("source uses transformers' own ResNet backbone (use_timm_backbone=False): expected the "
-                         "timm backbone (the hub's DETR checkpoints use it); convert or rebuild with use_timm_backbone=True")
-    return getattr(bb, "backbone", None) if bb is not None else getattr(c, "backbone", None)
 
 
 def _hints_from_hf_config(c) -> dict:
@@ -204,8 +204,15 @@ def _architecture(state: dict, hints: dict) -> dict:
     return arch
 
 
-def load_detr(source, **overrides) -> DETR:
-    """A vispe DETR built for ``source``'s architecture with its weights (module docstring)."""
+def load_detr(source, config=None, **overrides) -> DETR:
+    """A vispe DETR built for ``source``'s architecture with its weights (module docstring); ``config``: a
+    transformers ``DeformableDetrConfig`` beside a Deformable DETR state_dict."""
+    source = _file(source)
+    if D.is_deformable(source):
+        return D.load_deformable_detr(source, config, **overrides)
+    if config is not None:
+        raise ValueError(f"config={type(config).__name__}: only a Deformable DETR state_dict takes a config here; "
+                         "pass the transformers model itself, or nheads=... for a DETR state_dict")
     state, fmt, hints = _read(source)
     state = _rename({k: v for k, v in state.items() if not k.endswith("num_batches_tracked")}, fmt)
     if "nheads" not in hints and "nheads" not in overrides:

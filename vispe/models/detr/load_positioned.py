@@ -186,3 +186,13 @@ def design_of_state(state: dict) -> str | None:
     if any(k.endswith("q_pos_sine_proj.weight") for k in keys):
         return "conditional"
     return None
+
+
+def check_timm_backbone(c) -> str | None:
+    """The timm backbone's name of a transformers config; its own ResNet is refused."""
+    bb = getattr(c, "backbone_config", None)
+    timm_bb = getattr(bb, "model_type", None) == "timm_backbone" if bb is not None else getattr(c, "use_timm_backbone", False)
+    if not timm_bb:
+        raise ValueError("source uses transformers' own ResNet backbone (use_timm_backbone=False): expected the "
+                         "timm backbone (the hub's DETR checkpoints use it); convert or rebuild with use_timm_backbone=True")
+    return getattr(bb, "backbone", None) if bb is not None else getattr(c, "backbone", None)

@@ -33,7 +33,13 @@ from torch import nn
 
 from vispe import _checks
 from vispe.attention import PosContext
+from vispe.models.detr._inputs import (
+    check_inputs as _check_inputs,
+    eager_backbone as _eager_backbone,
+    image_channels as _image_channels,
+)
 from vispe.models.detr.backbone import build_backbone
+from vispe.models.detr.deformable_build import build_deformable
 from vispe.models.detr.designs import CLASS_HEADS, Design, build_design, check_cross_rotary, fix_refpoints_xy
 from vispe.models.detr.init import papers_init
 from vispe.models.detr.mlp import MLP
@@ -153,16 +159,6 @@ class DETR(nn.Module):
                  "weight_decay": weight_decay}]
 
 
-@torch.compiler.disable
-def _eager_backbone(backbone, images, mask):
-    """The backbone, outside any torch.compile graph. Inductor (torch 2.14) fails on the stride-2
-    convolutions of a batch whose size changed (symbolic H, W): "cannot determine truth value of
-    Relational: 1 < (((s54 - 1)//2)) + 1" while ordering strides, and hints on the sizes
-    (torch._check) do not help; detection batches change size at every step. The transformer,
-    where the encodings are, is still compiled (bench/compile_step.py, results/bench_compile.md)."""
-    return backbone(images, mask)
-
-
 def _check_used(pe: str, family: str, placement, dec_pe: str | None, keys: str) -> None:
     """Refuse an encoding no layer would use: its settings (and any parameter) would be ignored."""
     if family == "none" or placement.encoder != "none":
@@ -172,22 +168,6 @@ def _check_used(pe: str, family: str, placement, dec_pe: str | None, keys: str) 
     where = "the decoder takes no position" if placement.decoder == "none" else f"the decoder's keys take dec_pe={dec_pe!r}"
     raise ValueError(f"pe={pe!r} is used nowhere: pe_at encoder='none' and {where}; expected pe='none' or a place "
                      "that uses it")
-
-
-def _image_channels(backbone: nn.Module) -> int | None:
-    """The channels the backbone's first convolution takes (ResNets, small_cnn, ViT patch embedding)."""
-    conv = next((m for m in backbone.modules() if isinstance(m, nn.Conv2d)), None)
-    return conv.in_channels if conv is not None else None
-
-
-def _check_inputs(images, mask, in_chans: int | None = None, check_finite: bool = False) -> torch.Tensor:
-    """Checked images and mask (the rules of every vispe model, ``vispe._checks.images``); a missing
-    mask means no padding.  # mask (B, H, W) bool"""
-    _checks.images("images", images, mask, in_chans=in_chans, check_finite=check_finite)
-    if mask is None:
-        B, _, H, W = images.shape
-        return torch.zeros(B, H, W, dtype=torch.bool, device=images.device)
-    return mask.to(images.device)
 
 
 def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", backbone_weights=None,
@@ -200,7 +180,8 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
                 decoder: str = "detr", decoder_kwargs: dict | None = None, box_bias: str | None = None,
                 box_bias_kwargs: dict | None = None, query_relation: str | None = None,
                 query_relation_kwargs: dict | None = None, class_head: str | None = None, activation: str = "relu",
-                init: str = "papers") -> DETR:
+                init: str = "papers", attention: str = "dense", num_feature_levels: int | None = None,
+                n_points=None, level_pe: str | None = None, backbone_levels: int | None = None) -> DETR:
     """A DETR-style detector with encoding ``pe``; the defaults are DETR R50's.
 
     Args:
@@ -247,6 +228,14 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
         activation: the FFNs' "relu" (DETR, Conditional DETR), "prelu" (DAB-DETR) or "gelu".
         init: "papers" (the Conditional DETR / DAB-DETR code's initialisation, default) or "legacy"
             (vispe's before issue 35); DETR's design has one, DETR's own (``vispe.models.detr.init``).
+        attention: the decoder's cross-attention operator: "dense" (this module's ``DETR``) or
+            "deformable" (multi-scale deformable attention in encoder and decoder: Deformable DETR,
+            ``vispe.models.detr.deformable_model``; designs ``decoder="deformable"`` or ``"dab"``, what
+            each option means there: ``vispe.models.detr.deformable_design``), with
+            ``num_feature_levels`` (4), ``n_points`` (4, or (encoder, decoder)) and ``level_pe``
+            ("learned", the default, or "none"), ``backbone_levels`` (how many levels the backbone
+            gives, the rest extra stride-2 convolutions; default min(L, 3))
+            (``vispe.models.detr.deformable_build``); these are refused with "dense".
     """
     for name, value in (("num_classes", num_classes), ("num_queries", num_queries), ("d_model", d_model),
                         ("nheads", nheads), ("enc_layers", enc_layers), ("dec_layers", dec_layers),
@@ -260,24 +249,29 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
     if not isinstance(aux_loss, bool):
         raise ValueError(f"aux_loss={aux_loss!r}: expected True or False")
     placement = parse_placement(pe_at, query_pos_at)
-    net = build_backbone(backbone, weights=backbone_weights, dilation=dilation, train_backbone=train_backbone,
-                         widths=backbone_widths, kwargs=backbone_kwargs, mask_aware=backbone_mask_aware)
-    design = build_design(decoder, dict(decoder_kwargs or {}), box_bias=box_bias,
-                          box_bias_kwargs=dict(box_bias_kwargs or {}), query_relation=query_relation,
-                          query_relation_kwargs=dict(query_relation_kwargs or {}), init=init, d_model=d_model,
-                          num_layers=dec_layers, placement=placement, pe=pe, dec_pe=dec_pe, enc_layers=enc_layers,
-                          stride=net.stride)
-    transformer = Transformer(d_model, nheads, enc_layers, design.layers(), dim_feedforward, dropout, attn_dropout,
-                              enc_pos_scale=design.enc_pos_scale, activation=activation)
-    model = DETR(net, transformer, design, num_classes=num_classes, num_queries=num_queries, pe=pe,
-                 pe_kwargs=dict(pe_kwargs or {}), placement=placement, dec_pe=dec_pe,
-                 dec_pe_kwargs=dict(dec_pe_kwargs or {}), grid=grid, aux_loss=aux_loss, class_head=class_head)
-    if design.queries.random_refpoints_xy:
-        fix_refpoints_xy(model.query_embed.weight)
-    if design.relation is not None:  # built last: at one seed, every other weight is the run's without it
-        transformer.relation = PositionRelation(nheads, **design.relation)
-    if design.init == "papers":
-        papers_init(model)
+    if attention != "deformable":
+        for name, value in (("num_feature_levels", num_feature_levels), ("n_points", n_points), ("level_pe", level_pe),
+                            ("backbone_levels", backbone_levels)):
+            if value is not None:
+                raise ValueError(f"{name}={value!r} with attention={attention!r}: an option of the multi-scale "
+                                 f"deformable detector; expected attention='deformable' or {name}=None")
+    common = dict(placement=placement, backbone=backbone, backbone_weights=backbone_weights, dilation=dilation,
+                  train_backbone=train_backbone, backbone_widths=backbone_widths, backbone_kwargs=backbone_kwargs,
+                  backbone_mask_aware=backbone_mask_aware, pe=pe, pe_kwargs=dict(pe_kwargs or {}),
+                  dec_pe_kwargs=dict(dec_pe_kwargs or {}), grid=grid, num_queries=num_queries, d_model=d_model,
+                  nheads=nheads, enc_layers=enc_layers, dec_layers=dec_layers, dim_feedforward=dim_feedforward,
+                  dropout=dropout, attn_dropout=attn_dropout, aux_loss=aux_loss, class_head=class_head,
+                  activation=activation)
+    design_kw = dict(decoder=decoder, decoder_kwargs=dict(decoder_kwargs or {}), box_bias=box_bias,
+                     box_bias_kwargs=dict(box_bias_kwargs or {}), query_relation=query_relation,
+                     query_relation_kwargs=dict(query_relation_kwargs or {}), init=init, d_model=d_model,
+                     num_layers=dec_layers, placement=placement, pe=pe, dec_pe=dec_pe, enc_layers=enc_layers)
+    if attention == "deformable":
+        model = build_deformable(num_classes, design=build_design(**design_kw, attention=attention), **common,
+                                 num_feature_levels=num_feature_levels, n_points=n_points, level_pe=level_pe,
+                                 backbone_levels=backbone_levels)
+    else:
+        model = _build_dense(num_classes, design_kw, dec_pe=dec_pe, attention=attention, **common)
     model.config = dict(num_classes=num_classes, backbone=backbone if isinstance(backbone, str) else type(backbone).__name__,
                         backbone_kwargs=dict(backbone_kwargs or {}), backbone_mask_aware=backbone_mask_aware,
                         dilation=dilation, backbone_widths=backbone_widths,
@@ -289,5 +283,30 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
                         decoder_kwargs=dict(decoder_kwargs or {}), box_bias=box_bias,
                         box_bias_kwargs=dict(box_bias_kwargs or {}), query_relation=query_relation,
                         query_relation_kwargs=dict(query_relation_kwargs or {}), class_head=model.class_head,
-                        activation=activation, init=init)
+                        activation=activation, init=init, attention=attention,
+                        **({} if attention != "deformable" else dict(num_feature_levels=num_feature_levels, n_points=n_points,
+                                                                     level_pe=level_pe, backbone_levels=backbone_levels)))
+    return model
+
+
+def _build_dense(num_classes, design_kw: dict, *, placement, backbone, backbone_weights, dilation, train_backbone,
+                 backbone_widths, backbone_kwargs, backbone_mask_aware, pe, pe_kwargs, dec_pe, dec_pe_kwargs, grid,
+                 num_queries, d_model, nheads, enc_layers, dec_layers, dim_feedforward, dropout, attn_dropout, aux_loss,
+                 class_head, activation, attention) -> DETR:
+    """The single-scale detector with dense cross-attention (``create_detr``'s default); the backbone is
+    built first (the random draws of every run before the deformable operator)."""
+    net = build_backbone(backbone, weights=backbone_weights, dilation=dilation, train_backbone=train_backbone,
+                         widths=backbone_widths, kwargs=backbone_kwargs, mask_aware=backbone_mask_aware)
+    design = build_design(**design_kw, stride=net.stride, attention=attention)
+    transformer = Transformer(d_model, nheads, enc_layers, design.layers(), dim_feedforward, dropout, attn_dropout,
+                              enc_pos_scale=design.enc_pos_scale, activation=activation)
+    model = DETR(net, transformer, design, num_classes=num_classes, num_queries=num_queries, pe=pe, pe_kwargs=pe_kwargs,
+                 placement=placement, dec_pe=dec_pe, dec_pe_kwargs=dec_pe_kwargs, grid=grid, aux_loss=aux_loss,
+                 class_head=class_head)
+    if design.queries.random_refpoints_xy:
+        fix_refpoints_xy(model.query_embed.weight)
+    if design.relation is not None:  # built last: at one seed, every other weight is the run's without it
+        transformer.relation = PositionRelation(nheads, **design.relation)
+    if design.init == "papers":
+        papers_init(model)
     return model

@@ -163,17 +163,25 @@ class InputProjection(nn.ModuleList):
         return maps, masks
 
 
-def backbone_levels(num_levels: int) -> int:
+def backbone_levels(num_levels: int, from_backbone: int | None = None) -> int:
     """How many of ``num_levels`` come from the backbone (the rest are ``InputProjection``'s stride-2
-    convs): 1 for one level (transformers' C5), else up to 3 (the paper's C3-C5 + extra levels)."""
+    convs): ``from_backbone`` when given (1 to min(num_levels, 3): its last ones), else 1 for one level
+    (transformers' C5) and up to 3 otherwise (the paper's C3-C5 + extra levels)."""
     _checks.positive_int("num_levels", num_levels)
-    return 1 if num_levels == 1 else min(num_levels, 3)
+    if from_backbone is None:
+        return 1 if num_levels == 1 else min(num_levels, 3)
+    if isinstance(from_backbone, bool) or not isinstance(from_backbone, int) or \
+            not 1 <= from_backbone <= min(num_levels, 3):
+        raise ValueError(f"backbone_levels={from_backbone!r}: expected 1 to {min(num_levels, 3)} of the "
+                         f"num_feature_levels={num_levels} levels from the backbone (its last ones)")
+    return from_backbone
 
 
 def build_multiscale_backbone(name, num_levels: int = 4, *, weights=None, dilation: bool = False,
                               train_backbone: bool = True, mask_aware: bool = False, widths=None,
-                              kwargs: dict | None = None) -> nn.Module:
-    """The multi-scale backbone for ``num_levels`` levels (``backbone_levels`` of them its own):
+                              kwargs: dict | None = None, from_backbone: int | None = None) -> nn.Module:
+    """The multi-scale backbone for ``num_levels`` levels (``backbone_levels(num_levels, from_backbone)`` of
+    them its own):
 
     * a ResNet name: ``MultiScaleResNet`` returning the last k of layer2-4 (C5 alone for one level);
     * "small_cnn": ``MultiScaleCNN`` over the last k stages (``widths`` as ``SmallCNN``'s);
@@ -188,7 +196,7 @@ def build_multiscale_backbone(name, num_levels: int = 4, *, weights=None, dilati
     from vispe.models.detr.vit_backbone import ViTBackbone
     from vispe.models.detr.vit_pyramid import SimpleFeaturePyramid
 
-    k = backbone_levels(num_levels)
+    k = backbone_levels(num_levels, from_backbone)
     if isinstance(name, nn.Module) and isinstance(getattr(name, "strides", None), (list, tuple)):
         if len(name.strides) != k:
             raise ValueError(f"backbone gives {len(name.strides)} levels: num_levels={num_levels} takes {k} from it")

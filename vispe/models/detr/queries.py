@@ -19,7 +19,10 @@ DAB's feature-map sine uses 20, its anchor sine 10000: DAB-DETR#21). For 4D anch
 How the anchors meet the memory in cross-attention is the design's ``keys``
 (``vispe.models.detr.designs``): ``"concat"`` (the papers' spatial part, against the keys' additive
 grid code), ``"rotary"`` (a rotary encoding in the cross-attention: queries rotated at the anchor
-centre, keys at their cells; no spatial part), ``"none"`` (keys without position: ``p_q`` only).
+centre, keys at their cells; no spatial part), ``"none"`` (keys without position: ``p_q`` only),
+``"sampled"`` (the deformable operator: the memory is sampled around the anchors, which are its
+reference points; keys carry no code, and ``p_q`` enters every layer's query, from which the
+sampling offsets and weights are predicted).
 In every case ``p_q`` is added to the cross-attention's query where ``query_pos_in_cross(i)`` says
 so (Conditional: the first layer; DAB: the first, or every layer with ``keep_query_pos``), the one
 rule the decoder layers are built from as well. A box bias (``vispe.models.detr.box_bias``) and a
@@ -27,7 +30,7 @@ box relation (``vispe.models.detr.relation``) need anchor boxes before the first
 (``anchor_boxes``).
 
 A new strategy is a subclass with ``design``, ``OPTIONS`` and ``build(options, context)`` and one
-line in ``STRATEGIES``; ``designs.build_design`` checks the options and builds it.
+line in ``designs.STRATEGIES``; ``designs.build_design`` checks the options and builds it.
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ from vispe.attention import PosContext
 from vispe.models.detr.mlp import MLP, inverse_sigmoid
 from vispe.registry import build_in
 
-KEYS = ("add", "concat", "rotary", "none")  # how the cross-attention's keys carry position (module docstring)
+KEYS = ("add", "concat", "rotary", "none", "sampled")  # how the cross-attention's keys carry position (module docstring)
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,8 @@ class QueryPositions(nn.Module):
     enc_pos_scale: bool | None = False  # DAB-DETR's encoder scales its additive code by an MLP of the tokens
     #: (None: where the encoder has an additive code at its attention layers, ``designs``)
     random_refpoints_xy = False
+    refines = False  # the anchors are refined between layers (deformable operator: one box head per layer)
+    from_proposals = False  # the queries come from the encoder's proposals (two-stage), not an embedding
 
     def __init__(self, d_model: int, *, queries_at: str = "attn") -> None:
         super().__init__()
@@ -172,8 +177,9 @@ class PositionedQueries(QueryPositions):
 
     def query_pos_in_cross(self, i: int) -> bool:
         """The papers' rule: ``p_q`` on the cross-attention's query in the first layer, or in every layer
-        with ``keep_query_pos`` (the decoder layers build their ``q_pos`` projection from it too)."""
-        return i == 0 or self.keep_query_pos
+        with ``keep_query_pos`` (the decoder layers build their ``q_pos`` projection from it too); every
+        layer with "sampled" keys (the deformable operator predicts its offsets from it, as DINO)."""
+        return i == 0 or self.keep_query_pos or self.keys == "sampled"
 
     def code(self, anchors: torch.Tensor) -> torch.Tensor:
         """``A`` of unit (cx, cy[, w, h]) anchors: [A(cy, cx)] or [A(cy, cx), A(w, h)].  # (B|1, Q, d or 2d)"""
@@ -189,6 +195,8 @@ class PositionedQueries(QueryPositions):
     def contexts(self, i: int, t: torch.Tensor, pos: torch.Tensor, spatial, anchors, memory_ctx) -> LayerPositions:
         first = self.query_pos_in_cross(i)
         self_ctx = PosContext(pos=pos)
+        if self.keys == "sampled":  # deformable: p_q on the query of every layer, the anchors are the references
+            return LayerPositions(self_ctx, PosContext(pos=pos), memory_ctx, anchors)
         if self.keys == "rotary":  # rotated at the anchor centre; keys rotated on their grid
             # p_q on q in the first layer, as the papers: there the content is still zero, and a zero
             # query has nothing to rotate
@@ -259,9 +267,11 @@ class DabQueries(PositionedQueries):
         if modulate_hw and keys != "concat":
             raise ValueError(f"modulate_hw=True with {keys!r} keys: width/height modulation scales the spatial part of "
                              "the query, which only keys with an additive code have (rotary keys are rotated at the "
-                             "anchor centre, keys without position have none); expected modulate_hw=False or None")
+                             "anchor centre, keys without position have none, the deformable operator's are only sampled); "
+                             "expected modulate_hw=False or None")
         modulate_hw = query_dim == 4 and keys == "concat" if modulate_hw is None else modulate_hw
         self.query_dim, self.modulate_hw, self.iter_refine = query_dim, bool(modulate_hw), bool(iter_refine)
+        self.refines = self.iter_refine
         self.anchor_boxes = query_dim == 4
         self.random_refpoints_xy, self.enc_pos_scale = random_refpoints_xy, enc_pos_scale
         self.ref_point_head = MLP(query_dim // 2 * d_model, d_model, d_model, 2)  # A(anchor) -> p_q
@@ -306,6 +316,3 @@ class DabQueries(PositionedQueries):
         ref = torch.stack([inverse_sigmoid(a).expand(raw.shape[1], -1, -1) for a in anchors])  # (L, B, Q, qd)
         return torch.cat([raw[..., :qd] + ref, raw[..., qd:]], -1).sigmoid()
 
-
-#: ``create_detr(decoder=...)``: the query-position strategy of each design
-STRATEGIES = {"detr": QueryPositions, "conditional": ConditionalQueries, "dab": DabQueries}

@@ -1,0 +1,71 @@
+"""What the deformable operator accepts (``create_detr(attention="deformable")``), and why the rest is refused.
+
+Multi-scale deformable attention (Zhu et al., ICLR 2021) has no query-key dot product: a query predicts
+sampling offsets and weights from its content plus its position ``p_q``, and reads the memory
+bilinearly around its reference point. What that means for each option:
+
+| option | on the deformable operator |
+|---|---|
+| ``decoder`` | "deformable" (Deformable DETR's queries: ``query_embed`` split into ``p_q`` and the content, reference points ``sigmoid(Linear(p_q))``; ``with_box_refine``, ``two_stage``) or "dab" (DAB's anchors are the reference points, ``p_q = MLP(A(anchor))`` at every layer: DINO's query formulation, without its denoising, mixed query selection, look-forward-twice and final decoder norm; the anchors are coded in units of each image's valid area, batch-invariant, where DINO's code takes them scaled by level 0's valid ratio, i.e. in units of the padded canvas). "detr" is refused (its learned query positions give no reference point: that is "deformable"), "conditional" too (its spatial query is concatenated to q for a dot product with the keys' code; with reference points from ``p_q`` it is "deformable"). |
+| ``pe`` (encoder tokens) | additive (per level, mask-aware where the encoding is, plus the level embedding ``level_pe``), at ``pe_at`` encoder "attn" (added to the query of every encoder layer, the paper's) or "input" (added once to the tokens); conditional (PEG) at "input": applied to every level's map before flattening; "none": the level embedding alone. Rotary and bias encodings are refused: there is no q.k to rotate or bias. |
+| ``dec_pe`` | refused: the decoder's keys are only sampled, they carry no code; the queries' position is the anchors' (``decoder_kwargs`` ``anchor_pe`` for "dab"). |
+| ``pe_at`` decoder | "attn" only (position enters through where each query samples). |
+| ``box_bias`` (BoxRPB) | refused: it biases attention logits of a query against every cell; sampling attention has no such logits (its weights come from the query alone). |
+| ``query_relation`` | accepted where anchors are boxes before the first layer ("dab" with ``query_dim=4``, "deformable" with ``two_stage=True``): it biases the decoder's self-attention, which is dense (Relation-DETR is a deformable detector). |
+| ``keep_query_pos`` | refused ("dab"): every deformable layer takes ``p_q``. |
+| ``enc_pos_scale`` | refused ("dab"): DAB's encoder scaling has no place in the deformable encoder. |
+| ``enc_layers=0`` | with a code at the encoder's attention ("attn"): refused (the code would be used nowhere). |
+| ``init`` | "papers" (Deformable DETR's code; see ``deformable_build``); "legacy" refused (there is no earlier vispe initialisation of this detector). |
+"""
+from __future__ import annotations
+
+from vispe.models.detr.placement import Placement
+from vispe.registry import get
+
+DESIGNS = ("deformable", "dab")  # the query designs the deformable operator takes
+DESIGNS_ONLY = ("deformable",)  # designs that need the deformable operator
+
+
+def check(decoder: str, decoder_kwargs: dict, *, placement: Placement, pe: str, dec_pe: str | None,
+          box_bias: str | None, init: str) -> None:
+    """Refuse, with the reason, what the deformable operator cannot take (module docstring)."""
+    if decoder not in DESIGNS:
+        why = ("its learned query positions give no reference point to sample around; decoder='deformable' is "
+               "DETR's learned queries with reference points from them (Deformable DETR)" if decoder == "detr" else
+               "its spatial query is concatenated to q for a dot product with the keys' code, and deformable "
+               "attention has no such product; with reference points from p_q it is decoder='deformable'")
+        raise ValueError(f"decoder={decoder!r} with attention='deformable': {why}; expected one of "
+                         f"{', '.join(map(repr, DESIGNS))}")
+    family = get(pe).family
+    if family in ("rotary", "bias"):
+        raise ValueError(f"pe={pe!r} is a {family} encoding with attention='deformable': deformable attention has no "
+                         "query-key dot product to rotate or bias (queries predict sampling offsets and weights, keys "
+                         "are only sampled); expected an additive encoding (e.g. 'sine'), a conditional one or 'none'")
+    if dec_pe is not None:
+        raise ValueError(f"dec_pe={dec_pe!r} with attention='deformable': the decoder's keys are only sampled at the "
+                         "queries' reference points and carry no code; expected dec_pe=None (the queries' position "
+                         "is their anchors': decoder_kwargs anchor_pe for decoder='dab')")
+    if placement.decoder != "attn":
+        raise ValueError(f"pe_at decoder={placement.decoder!r} with attention='deformable': position enters the "
+                         "deformable cross-attention through where each query samples, not through a code on the "
+                         "keys; expected 'attn'")
+    if family != "none":
+        allowed = ("input",) if family == "conditional" else ("attn", "input")
+        if placement.encoder not in allowed:
+            raise ValueError(f"pe={pe!r} ({family}) with pe_at encoder={placement.encoder!r} and attention="
+                             f"'deformable': expected {' or '.join(map(repr, allowed))} (a code used nowhere else: "
+                             "the deformable decoder's keys take none); pe='none' keeps the level embedding alone")
+    if box_bias is not None:
+        raise ValueError(f"box_bias={box_bias!r} with attention='deformable': BoxRPB biases the attention logits of a "
+                         "query against every memory cell, and sampling attention has no such logits (its weights "
+                         "come from the query alone); expected box_bias=None")
+    for name in ("keep_query_pos", "enc_pos_scale"):
+        if name in decoder_kwargs:
+            why = ("every deformable decoder layer adds p_q to its query (the sampling offsets and weights are "
+                   "predicted from it)" if name == "keep_query_pos" else
+                   "DAB's encoder scaling of the additive code has no place in the deformable encoder")
+            raise ValueError(f"decoder_kwargs[{name!r}]={decoder_kwargs[name]!r} with attention='deformable': {why}; "
+                             "expected it unset")
+    if init != "papers":
+        raise ValueError(f"init={init!r} with attention='deformable': the deformable detector has one initialisation, "
+                         "Deformable DETR's code ('papers'); expected init='papers'")

@@ -1,0 +1,166 @@
+"""The multi-scale detector: Deformable DETR (Zhu et al., ICLR 2021) with any additive vispe encoding
+and the positioned-query designs on top (``create_detr(attention="deformable", ...)``).
+
+Data flow (d = d_model, L levels, N tokens of all levels, Q queries, K classes)::
+
+    images, mask -> multi-scale backbone -> [(B, C_l, h_l, w_l), mask_l]   (vispe.models.detr.multiscale)
+      -> input_proj (1x1 conv + GroupNorm per level, extra 3x3 stride-2 levels) -> maps [(B, d, h_l, w_l)]
+         [+ PEG per level, for a conditional encoding at the input]
+      -> tokens (B, N, d); their code pos = concat_l [pe(level l, mask_l) + level_embed_l]   (level_pos)
+      -> encoder: deformable self-attention at each token's valid cell centre (reference points scaled
+         by the valid ratios), pos on its query (pe_at encoder "attn") or on the tokens once ("input")
+      -> queries: the strategy's (``decoder``): Deformable DETR's (content, p_q, reference points from
+         p_q; or two-stage proposals) or DAB's anchors (p_q = MLP(A(anchor)))
+      -> decoder layers: self-attention (q = k = t + p_q [+ Relation-DETR's bias]), deformable
+         cross-attention sampling the memory around the anchors (``points_at_levels`` of the anchors in
+         the valid area, (cx, cy) -> (y, x) by ``swap_xy``), FFN; anchors refined between layers
+      -> per layer: pred_logits (B, Q, K) (sigmoid; K + 1 with ``class_head="softmax"``) from
+         class_embed[i], pred_boxes (B, Q, 4) sigmoid(bbox_embed[i](t) + inverse_sigmoid(anchors));
+         aux_outputs for the layers before the last; "enc_outputs" (every token's proposal) when two-stage.
+
+There is no final decoder norm (the papers' post-norm layers end with one). With refinement
+(``with_box_refine`` / DAB's ``iter_refine``) the heads are one per layer (Deformable DETR's clones),
+else one class and one box head shared by the layers (and by the two-stage proposals). Parameter
+names follow transformers' and the papers' (``input_proj.{l}.{0,1}``, ``level_pos.level_embed``,
+``encoder.layers.{i}``, ``decoder.layers.{i}``, ``class_embed.{i}``, ``bbox_embed.{i}.layers.{j}``,
+``queries.reference_points``, ``queries.enc_output``, ...); ``load_detr`` maps theirs onto them.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from vispe.coords import points_at_levels, valid_ratios
+from vispe.kernels.deformable import Levels, swap_xy
+from vispe.models.detr._inputs import (
+    check_inputs as _check_inputs,
+    eager_backbone as _eager_backbone,
+    image_channels as _image_channels,
+)
+from vispe.models.detr.designs import Design
+from vispe.models.detr.mlp import MLP
+
+#: the paper's learning-rate factor of the sampling offsets and reference points (``lr_linear_proj_mult``)
+LINEAR_PROJ_MULT = 0.1
+LINEAR_PROJ_NAMES = ("sampling_offsets", "reference_points")
+
+
+class DeformableDecoder(nn.Module):
+    """The decoder's layers (``layers.{i}``, ``DeformableDecoderLayer``) and Relation-DETR's relation (or None)."""
+
+    def __init__(self, layers) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.relation = None  # vispe.models.detr.relation.PositionRelation, set by the builder
+
+
+class DeformableDETR(nn.Module):
+    """Multi-scale backbone -> input projections -> deformable encoder / decoder -> per-layer heads.
+
+    Built by ``create_detr(attention="deformable", ...)`` (``vispe.models.detr.deformable_build``);
+    ``forward(images, mask)`` returns DETR's output dict (module docstring). ``pe`` is a conditional
+    encoding (PEG) applied to every level's map, or None (additive codes live in ``level_pos``).
+    """
+
+    check_finite: bool = False
+
+    def __init__(self, backbone: nn.Module, input_proj: nn.Module, level_pos: nn.Module, encoder: nn.Module,
+                 decoder: DeformableDecoder, design: Design, *, num_classes: int, num_queries: int, placement,
+                 pe: nn.Module | None = None, aux_loss: bool = True, class_head: str = "sigmoid") -> None:
+        super().__init__()
+        d = encoder.d_model
+        self.backbone, self.input_proj, self.level_pos, self.pe = backbone, input_proj, level_pos, pe
+        self.encoder, self.decoder = encoder, decoder
+        self.in_chans = _image_channels(backbone)
+        self.queries = design.queries
+        self.keys = design.cross.keys
+        self.placement = placement
+        q = self.queries
+        self.query_embed = None if q.from_proposals else nn.Embedding(num_queries, q.query_dim or d)
+        self.class_head = class_head
+        n = len(decoder.layers) + q.from_proposals  # the two-stage proposals take the last heads
+        cls, box = nn.Linear(d, num_classes + (class_head == "softmax")), MLP(d, d, 4, 3)
+        self.class_embed = nn.ModuleList([cls] * n if not q.refines else [cls] + [copy.deepcopy(cls) for _ in range(n - 1)])
+        self.bbox_embed = nn.ModuleList([box] * n if not q.refines else [box] + [copy.deepcopy(box) for _ in range(n - 1)])
+        self.num_classes, self.num_queries, self.aux_loss = num_classes, num_queries, aux_loss
+        self.d_model, self.num_levels = d, len(input_proj)
+        strides = list(getattr(backbone, "strides", [getattr(backbone, "stride", 1)]))
+        self.stride = strides[-1]  # the backbone's coarsest: what batches are padded to (extra levels halve it)
+
+    # --- forward -----------------------------------------------------------------------------------
+    def encode(self, images: torch.Tensor, mask: torch.Tensor):
+        """(memory (B, N, d), levels, key padding (B, N) or None, valid ratios (B, L, 2))."""
+        feats = _eager_backbone(self.backbone, images, mask)  # [(B, C_l, h_l, w_l), (B, h_l, w_l)]
+        maps, masks = self.input_proj(feats, mask)  # [(B, d, h_l, w_l)], [(B, h_l, w_l)]
+        padded = bool(mask.any())  # no padding: cached tables, no masking
+        if self.pe is not None:  # conditional (PEG): on every level's map
+            maps = [x + self.pe(x, m if padded else None) for x, m in zip(maps, masks)]
+        levels = Levels.of(maps)
+        x = levels.flatten(maps)  # (B, N, d)
+        pos = self.level_pos(levels, masks if padded else None, device=x.device, dtype=x.dtype)  # (B|1, N, d) | None
+        if pos is not None and self.placement.encoder == "input":
+            x, pos = x + pos, None
+        pad = levels.flatten(masks) if padded else None  # (B, N)
+        ratios = valid_ratios(masks) if padded else x.new_ones(x.shape[0], len(levels), 2, dtype=torch.float32)
+        return self.encoder(x, levels, pos, ratios, pad), levels, pad, ratios
+
+    def forward(self, images: torch.Tensor, mask: torch.Tensor | None = None) -> dict:
+        """Images (B, 3, H, W) and padding mask (B, H, W), True = padding -> DETR's output dict."""
+        mask = _check_inputs(images, mask, self.in_chans, self.check_finite)
+        memory, levels, pad, ratios = self.encode(images, mask)
+        B, q = memory.shape[0], self.queries
+        enc = None
+        if q.from_proposals:
+            embed, anchors, enc = q.propose(memory, pad, levels, self.class_embed[-1], self.bbox_embed[-1],
+                                            self.num_queries)  # (B, Q, 2d), (B, Q, 4)
+            t = embed[..., self.d_model:]  # (B, Q, d)
+        else:
+            embed = self.query_embed.weight  # (Q, 2d | query_dim)
+            t, anchors = q.start(embed, B, memory.dtype)  # (B, Q, d), (1, Q, 2|4)
+        hs, used = self.decode(t, embed, memory, levels, pad, ratios, anchors)
+        which = range(len(hs)) if self.aux_loss else [len(hs) - 1]
+        logits = [self.class_embed[i](hs[i]) for i in which]  # [(B, Q, K | K+1)]
+        boxes = q.boxes(torch.stack([self.bbox_embed[i](hs[i]) for i in which]), [used[i] for i in which])
+        out = {"pred_logits": logits[-1], "pred_boxes": boxes[-1], "class_head": self.class_head}
+        if self.aux_loss:
+            out["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b, "class_head": self.class_head}
+                                  for a, b in zip(logits[:-1], boxes[:-1])]
+        if enc is not None:
+            out["enc_outputs"] = {**enc, "class_head": self.class_head}
+        return out
+
+    def decode(self, t, embed, memory, levels: Levels, pad, ratios, anchors):
+        """Every layer's output and the anchors it sampled around.  # [(B, Q, d)], [(B|1, Q, 2|4)]"""
+        outs, used = [], []
+        relation = self.decoder.relation
+        self_bias, before = None, anchors  # the relation's boxes before the previous layer
+        last = len(self.decoder.layers) - 1
+        for i, layer in enumerate(self.decoder.layers):
+            p = self.queries.layer(i, t, embed, anchors, None)
+            reference = points_at_levels(swap_xy(anchors), ratios).to(t.dtype)  # (B, Q, L, 2|4) (y, x[, h, w])
+            t = layer(t, p.cross_ctx.pos, reference, memory, levels, pad, self_ctx=p.self_ctx, self_bias=self_bias)
+            outs.append(t)
+            used.append(anchors)
+            if i == last:
+                break
+            if relation is not None:
+                with torch.no_grad():
+                    boxes = self.queries.boxes(self.bbox_embed[i](t)[None], [anchors])[0]  # (B, Q, 4) layer i's
+                self_bias = relation(before, boxes).to(t.dtype)  # (B, heads, Q, Q)
+                before = boxes
+            anchors = self.queries.refine(i, t, anchors, self.bbox_embed[i])
+        return outs, used
+
+    def param_groups(self, lr: float, lr_backbone: float, weight_decay: float) -> list[dict]:
+        """Deformable DETR's optimiser groups: the backbone at ``lr_backbone``, the sampling offsets and
+        reference points at ``lr * LINEAR_PROJ_MULT`` (the paper's 0.1), the rest at ``lr``."""
+        groups = {"backbone": [], "linear_proj": [], "rest": []}
+        for n, p in self.named_parameters():
+            if p.requires_grad:
+                key = "backbone" if n.startswith("backbone.") else \
+                    "linear_proj" if any(k in n for k in LINEAR_PROJ_NAMES) else "rest"
+                groups[key].append(p)
+        lrs = {"rest": lr, "backbone": lr_backbone, "linear_proj": lr * LINEAR_PROJ_MULT}
+        return [{"params": groups[k], "lr": lrs[k], "weight_decay": weight_decay} for k in lrs if groups[k]]
