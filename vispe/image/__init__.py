@@ -15,3 +15,7 @@ from vispe.image import relbias  # noqa: F401
 from vispe.image import relbias_axis  # noqa: F401
 from vispe.image import irpe  # noqa: F401
 from vispe.image import cpb  # noqa: F401
+from vispe.image import liere  # noqa: F401
+from vispe.image import comrope  # noqa: F401
+from vispe.image import string  # noqa: F401
+from vispe.image import lookhere  # noqa: F401
