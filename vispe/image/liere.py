@@ -125,7 +125,7 @@ class LieRE(BlockRotaryBase):
 
     # --- checkpoints: the generators are built for the coordinates of ``grid`` -----------------
     def table_grid(self):
-        return self.grid if self.liere_coords == "liere" else None
+        return self.grid
 
     @torch.no_grad()
     def _rescaled(self, raw: torch.Tensor, src, dst) -> torch.Tensor:
@@ -137,14 +137,14 @@ class LieRE(BlockRotaryBase):
     def resize_(self, shape) -> "LieRE":
         """Make ``shape`` the reference grid n0, with the same rotations at every size (module docstring)."""
         shape = _checks.grid_shape("shape", shape)
-        if self.table_grid() is not None:
+        if self.grid is not None and self.liere_coords == "liere":
             self.generators.copy_(self._rescaled(self.generators, self.grid, shape))
         self.grid = shape
         return self
 
     def load_grid_(self, state_dict, prefix, saved) -> None:
         raw = state_dict.get(prefix + "generators")
-        if raw is not None:
+        if raw is not None and self.liere_coords == "liere":  # other coordinates do not depend on the grid
             state_dict[prefix + "generators"] = self._rescaled(raw, saved, self.grid)
 
     def extra_repr(self) -> str:

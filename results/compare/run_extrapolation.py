@@ -1,0 +1,262 @@
+"""Resolution extrapolation of the rotation and direction encodings (issue 38).
+
+    OMP_NUM_THREADS=1 .venv/bin/python results/compare/run_extrapolation.py --lock /work/heavy.lock  # seeds 0,1,2
+    OMP_NUM_THREADS=1 .venv/bin/python results/compare/run_extrapolation.py --seeds 0     # fewer seeds
+    .venv/bin/python results/compare/run_extrapolation.py --report                        # tables from the CSV only
+
+Each encoding of ``ENCODINGS`` is trained once per seed with ``train.py`` on ``digits_cell`` at its
+size (32 px, 8 x 8 tokens, 10 epochs, ``train.eval_sizes=[1.0]``); the checkpoint is then
+evaluated at every size of ``SIZES`` (0.5x-4x square, and non-square; ``BIG_SUBSET`` test samples
+above 64 x 64 px, where attention over 576-1,024 tokens dominates the cost, all 1,000 below) under
+each of its variants
+(settings at evaluation only, the checkpoint unchanged): RoPE with PI and YaRN (``ref_grid=(8, 8)``),
+LieRE with its reference's ``scale_0_to_1`` (``coords="normalized"``), STRING with PI and YaRN.
+Rows go to ``data/extrapolation_digits_cell.csv``, tables into ``extrapolation.md`` (between
+markers; the text around them is kept). Runs are kept under ``runs/extrapolation/`` (a finished one
+is not trained again). Every row names the commit it ran from: run it from a clean checkout or a
+``git archive`` snapshot (``VISPE_COMMIT`` or ``.vispe-commit`` then names it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # this checkout's vispe
+
+HERE = ROOT / "results" / "compare"
+RUNS = ROOT / "runs" / "extrapolation"
+TASK = "digits_cell"
+REF = [8, 8]  # the training grid: 32 px / patch 4
+#: evaluation sizes (H, W) in pixels: 0.5x-4x square, then non-square
+SIZES = [(16, 16), (24, 24), (32, 32), (48, 48), (64, 64), (96, 96), (128, 128), (32, 64), (64, 32), (24, 48)]
+#: test samples at sizes above 64 x 64 px (the first ones of the 1,000; all 1,000 at the others)
+BIG_SUBSET = 300
+ROPE = {"pi": {"scaling": "pi", "ref_grid": REF}, "yarn": {"scaling": "yarn", "ref_grid": REF}}
+#: encoding -> {variant: pe_kwargs at evaluation}; "" is the encoding as trained
+ENCODINGS = {
+    "liere": {"": {}, "scale_0_to_1": {"coords": "normalized"}},
+    "comrope": {"": {}},
+    "string": {"": {}, **ROPE},
+    "lookhere": {"": {}},
+    "rope_axial": {"": {}, **ROPE},
+    "rope_mixed": {"": {}, **ROPE},
+    "learned_abs": {"": {}},
+    "relbias": {"": {}},
+}
+
+
+LOCK: list[str] = []  # --lock PATH: flock it around each training + evaluation
+
+
+class heavy_lock:
+    def __enter__(self):
+        self.f = open(LOCK[0], "a") if LOCK else None
+        if self.f:
+            import fcntl
+
+            fcntl.flock(self.f, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc):
+        if self.f:
+            self.f.close()  # releases the lock
+
+
+def commit() -> str:
+    sha = os.environ.get("VISPE_COMMIT")
+    if sha is None:
+        f = ROOT / ".vispe-commit"
+        sha = f.read_text().strip() if f.exists() else subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    return sha
+
+
+def machine() -> str:
+    import platform
+
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name}, {os.cpu_count()} cores, 1 torch thread"
+
+
+SMOKE: list[str] = []  # train.py overrides of --smoke
+
+
+def train(seed: int, pe: str) -> Path:
+    """Train one encoding with train.py unless its run folder says it finished; return that folder."""
+    name = f"{TASK}_{pe}_seed{seed}"
+    out = RUNS / name / pe
+    summary = out / "summary.json"
+    if summary.exists() and json.loads(summary.read_text()).get("finished"):
+        return out
+    cmd = [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / f"{TASK}.yaml"),
+           f"model.pe={pe}", "train.compare=[]", f"train.seed={seed}", "train.threads=1", "train.progress=false",
+           "train.eval_sizes=[1.0]", f"train.out_dir={RUNS}", f"train.run_name={name}", *SMOKE]
+    resume = ["--resume"] if (out / "checkpoint.pt").exists() else []
+    print("+", " ".join(cmd[1:] + resume), flush=True)
+    subprocess.run(cmd + resume, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    (out / "vispe-commit.txt").write_text(commit())
+    return out
+
+
+def evaluate(run: Path, variants: dict, datasets: dict) -> list[dict]:
+    """The checkpoint of ``run`` at every size of SIZES under each variant's pe_kwargs."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from vispe.train import checkpoint as ckpt
+    from vispe.train import config as C
+    from vispe.train import engine, loaders
+    from vispe.train.distributed import DistInfo
+    from vispe.train.runner import build_data, build_model
+    from vispe.train.tasks import get_task
+
+    torch.set_num_threads(1)
+    state = ckpt.load(run / "checkpoint.pt")
+    rows = []
+    for variant, kw in variants.items():
+        cfg = C.load_config(run / "config.yaml")
+        cfg.train.eval_sizes = [1.0]
+        base = OmegaConf.to_container(cfg.model.pe_kwargs) if cfg.model.pe_kwargs else {}
+        cfg.model.pe_kwargs = OmegaConf.create({**base, **kw})
+        task = get_task(cfg.task)
+        if "data" not in datasets:
+            datasets["data"] = build_data(task, cfg)
+        data = datasets["data"]
+        model = build_model(task, cfg, data)
+        ckpt.check_compatible(state, model, OmegaConf.to_container(cfg, resolve=True), run / "checkpoint.pt")
+        model.load_state_dict(state["model"])
+        model.eval()
+        for key, value in kw.items():  # the setting reached every layer's encoding
+            pes = [m for m in model.modules() if hasattr(m, "family") and m.family == "rotary"]
+            got = {getattr(p, key if key != "coords" else "liere_coords", None) for p in pes}
+            want = tuple(value) if isinstance(value, list) else value
+            if got != {want}:
+                raise RuntimeError(f"{variant}: {key}={value!r} did not reach the encodings ({got})")
+        for size in SIZES:
+            if size not in datasets:
+                n = cfg.data.test_subset
+                if size[0] * size[1] > 64 * 64:  # 96 and 128 px: attention over 576-1024 tokens dominates the cost
+                    n = min(n or BIG_SUBSET, BIG_SUBSET)
+                datasets[size] = loaders.subset(task.dataset(cfg, "test", size), n)
+            loader = loaders.eval_loader(datasets[size], batch_size=64, dist_info=DistInfo(), collate_fn=task.collate_fn)
+            t = time.time()
+            m = engine.evaluate(model, task, loader, device=torch.device("cpu"), amp_dtype=None)
+            rows.append({"variant": variant or "as trained", "pe_kwargs": json.dumps(kw), "height": size[0],
+                         "width": size[1], "test_samples": len(datasets[size]), "acc": round(m["acc"], 4),
+                         "loss": round(m["loss"], 4),
+                         "eval_s": round(time.time() - t, 1)})
+        print(f"  {run.parent.name} {variant or 'as trained'}: " + "  ".join(
+            f"{r['height']}x{r['width']} {r['acc']:.3f}" for r in rows if r["variant"] == (variant or "as trained")),
+            flush=True)
+    return rows
+
+
+def run(seeds: list[int], encodings: list[str]) -> None:
+    import pandas as pd
+
+    path = HERE / "data" / f"extrapolation_{TASK}.csv"
+    old = pd.read_csv(path) if path.exists() else None
+    datasets: dict = {}
+    where = machine()
+    for seed in seeds:
+        for pe in encodings:
+            if old is not None and ((old.encoding == pe) & (old.seed == seed)).any():
+                continue  # evaluated already
+            with heavy_lock():  # one training and its evaluations at a time, between other engineers' jobs
+                out = train(seed, pe)
+                evaluated = evaluate(out, ENCODINGS[pe], datasets)
+            s = json.loads((out / "summary.json").read_text())
+            rows = [{"task": TASK, "encoding": pe, "seed": seed, **r, "train_acc": round(s["final"]["train_acc"], 4),
+                     "train_time_s": s["train_time_s"], "device": where, "torch": s["torch"],
+                     "commit": (out / "vispe-commit.txt").read_text().strip()}
+                    for r in evaluated]
+            new = pd.DataFrame(rows)
+            old = new if old is None else pd.concat([old, new], ignore_index=True)
+            old.to_csv(path, index=False)  # after each run: a stop keeps the rest
+            print("wrote", path, len(old), "rows", flush=True)
+
+
+# --- tables --------------------------------------------------------------------------------------
+def _cell(values) -> str:
+    import numpy as np
+
+    v = np.asarray(values, dtype=float)
+    return f"{v.mean():.3f}" + (f" ± {v.std(ddof=1):.3f}" if len(v) > 1 else "")
+
+
+def table() -> str:
+    import pandas as pd
+
+    path = HERE / "data" / f"extrapolation_{TASK}.csv"
+    if not path.exists():
+        return "(no data yet)"
+    df = pd.read_csv(path)
+    sizes = [s for s in SIZES if ((df.height == s[0]) & (df.width == s[1])).any()]
+    name = lambda h, w: f"{h}px" if h == w else f"{h}x{w}"  # noqa: E731
+    head = "| encoding | variant | seeds | " + " | ".join(
+        name(h, w) + (" (train)" if (h, w) == (32, 32) else "") for h, w in sizes) + " |"
+    lines = [head, "|" + "---|" * (len(sizes) + 3)]
+    for pe, variants in ENCODINGS.items():
+        for variant in variants:
+            d = df[(df.encoding == pe) & (df.variant == (variant or "as trained"))]
+            if d.empty:
+                continue
+            cells = [_cell(d[(d.height == h) & (d.width == w)].acc) for h, w in sizes]
+            lines.append(f"| {pe} | {variant or 'as trained'} | {d.seed.nunique()} | " + " | ".join(cells) + " |")
+    runs = df.drop_duplicates(["encoding", "seed"])
+    meta = (f"\nSeeds {sorted(df.seed.unique().tolist())}; trained at 32 px (8 x 8 tokens), train accuracy "
+            f"{runs.train_acc.min():.3f}-{runs.train_acc.max():.3f}; training {runs.train_time_s.mean():.0f} s per run "
+            f"on average; commit(s) {', '.join(f'`{c[:7]}`' for c in sorted(set(df.commit)))}; device: "
+            f"{df.device.iloc[0]}; torch {df.torch.iloc[0]}.")
+    return "\n".join(lines) + "\n" + meta
+
+
+def write_md() -> None:
+    md = HERE / "extrapolation.md"
+    text = md.read_text() if md.exists() else "# Resolution extrapolation (issue 38)\n"
+    begin, end = f"<!-- BEGIN extrapolation:{TASK} -->", f"<!-- END extrapolation:{TASK} -->"
+    body = table()
+    if begin in text:
+        pre, rest = text.split(begin, 1)
+        text = pre + begin + "\n" + body + "\n" + end + rest.split(end, 1)[1]
+    else:
+        text += f"\n{begin}\n{body}\n{end}\n"
+    md.write_text(text)
+    print("wrote", md)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--encodings", default=",".join(ENCODINGS))
+    p.add_argument("--report", action="store_true", help="only rewrite the table from the CSV")
+    p.add_argument("--smoke", action="store_true", help="1 epoch on 256 samples, 64 test samples, under /tmp")
+    p.add_argument("--lock", help="a file to flock around each training + evaluation (e.g. /work/heavy.lock)")
+    a = p.parse_args(argv)
+    if a.lock:
+        LOCK.append(a.lock)
+    if a.smoke:
+        global RUNS, HERE
+        RUNS, HERE = Path("/tmp/vispe_extrapolation_smoke/runs"), Path("/tmp/vispe_extrapolation_smoke")
+        (HERE / "data").mkdir(parents=True, exist_ok=True)
+        SMOKE.extend(["train.epochs=1", "data.train_subset=256", "data.test_subset=64"])
+    if not a.report:
+        run([int(s) for s in a.seeds.split(",")], a.encodings.split(","))
+    write_md()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
