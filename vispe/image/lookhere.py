@@ -7,7 +7,7 @@ subtracted from the logits:
                   = MASKED                         otherwise
 
 ``dist`` is the Euclidean distance of the two patches in patch units ("linear"; "sqrt" and
-"square" are the reference's options), ``g`` the global slope, ``l`` the layer's slope, ``s_h``
+"square" are the reference's options, which, as there, do not apply to "center" heads), ``g`` the global slope, ``l`` the layer's slope, ``s_h``
 the head's. The conventions of the reference (``lookhere.py``, ``create_lh_bias_tensor``):
 
 * directions (``directions``, the reference's shorthand, groups joined by "-"): "halves" (up, down,
@@ -166,8 +166,6 @@ class LookHere(BiasBase):
             centre = (n - 1) / 2
             to_centre = torch.sqrt(((c - centre) ** 2).sum(-1))[:, None, :].expand_as(dist)  # (B|1, N, N) per key
         dist = {"linear": dist, "sqrt": dist.sqrt(), "square": dist * dist}[self.distance]
-        if self._uses_center():
-            to_centre = {"linear": to_centre, "sqrt": to_centre.sqrt(), "square": to_centre * to_centre}[self.distance]
         heads = []
         for view, slope in zip(self.views, self.head_slopes):
             m = to_centre if "center" in view else dist
