@@ -106,7 +106,7 @@ def _offset_spread(logits, shape):
     c = torch.stack(torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij"), -1).reshape(-1, 2)
     off = (c[None] - c[:, None]).reshape(-1, 2)
     key = (off[:, 0] + h) * (2 * w + 1) + off[:, 1] + w
-    vals = logits.reshape(-1)
+    vals = logits.detach().reshape(-1)
     spread = 0.0
     for kk in key.unique():
         v = vals[key == kk]
@@ -301,6 +301,34 @@ def test_grid_change_what_each_does_at_another_size():
     plain = STRING(8, 1, cayley_std=0.3).eval()
     plain.load_state_dict(st.state_dict())
     torch.testing.assert_close(st((4, 4)).view(1, 1, 4, 4, 1, 8, 8)[:, :, 2, 2], plain((2, 2)).view(1, 1, 2, 2, 1, 8, 8)[:, :, 1, 1])
+
+
+@pytest.mark.parametrize("cls, kw", [(LieRE, dict(block_size=4, grid=GRID)), (ComRoPE, dict(block_size=4)),
+                                     (STRING, dict(cayley_std=0.3))])
+def test_at_cell_centres_equals_the_grid_so_anchored_queries_meet_grid_keys(cls, kw):
+    """Cross-attention rotates queries at anchors (``at``) and keys on the grid: at the cell centres
+    (i + 0.5) / n the two agree, with a padding extent too."""
+    pe = cls(8, 2, **kw).eval()
+    h, w = GRID
+    centres = torch.stack(torch.meshgrid((torch.arange(h) + 0.5) / h, (torch.arange(w) + 0.5) / w, indexing="ij"),
+                          -1).reshape(1, -1, 2)
+    torch.testing.assert_close(pe.at(centres, torch.tensor([[float(h), float(w)]])), pe(GRID), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("pe", ["liere", "comrope", "string", "lookhere"])
+def test_whole_vit_float32_and_bfloat16_autocast_agree(pe):
+    """Rotations and biases are computed in float32 under autocast (the contract); the model's
+    bf16 logits stay close to float32's."""
+    torch.manual_seed(0)
+    m = create_vit("vit_pico", pe=pe, embed_dim=32, depth=2, num_heads=2, img_size=(12, 16), patch_size=4,
+                   num_classes=5, class_token=True).eval()
+    x = torch.randn(2, 3, 12, 16)
+    with torch.no_grad():
+        ref = m(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = m(x)
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.float(), ref, rtol=0.05, atol=0.05)
 
 
 def test_options_are_checked():
