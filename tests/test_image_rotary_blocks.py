@@ -350,14 +350,15 @@ def test_options_are_checked():
 
 
 # --- compile and export: one model, one block encoding per layer ------------------------------------
-def _mixed_blocks_vit(depth=2):
+def _mixed_blocks_vit(depth=3):
     from vispe.registry import build_in
 
     torch.manual_seed(0)
     m = create_vit("vit_pico", pe="liere", pe_kwargs=dict(block_size=4), embed_dim=16, depth=depth, num_heads=2,
                    img_size=(16, 20), patch_size=4, num_classes=3, class_token=True, global_pool="avg")
     ctx = dict(dim=16, num_heads=2, head_dim=8, grid=(4, 5))
-    encodings = [build_in("string", ctx, cayley_std=0.3)]  # ComRoPE: the same kernel and exponential
+    encodings = [build_in("string", ctx, cayley_std=0.3),  # ComRoPE: the same kernel and exponential
+                 build_in("lookhere", dict(ctx, num_prefix_tokens=1), layer=2, depth=3)]
     for blk, pe in zip(m.blocks[1:], encodings):
         blk.attn.set_pe(pe)
     with torch.no_grad():
@@ -369,9 +370,9 @@ def _mixed_blocks_vit(depth=2):
 
 @pytest.mark.slow
 def test_onnx_export_of_the_block_encodings_runs_at_any_size():
-    """LieRE (4 x 4 blocks: the exponential) and STRING (Cayley: the matmul-only inverse) in one ViT,
-    exported with dynamic batch, height and width, run at three sizes (as test_export.py); ComRoPE
-    uses the same exponential and kernel."""
+    """LieRE (4 x 4 blocks: the exponential), STRING (Cayley: the matmul-only inverse) and LookHere in
+    one ViT, exported with dynamic batch, height and width, run at three sizes (as test_export.py,
+    which leaves these out: one export instead of three); ComRoPE uses the same exponential and kernel."""
     import logging
     import warnings
 
@@ -392,9 +393,12 @@ def test_onnx_export_of_the_block_encodings_runs_at_any_size():
 
 @pytest.mark.slow
 def test_compiled_block_encodings_train_at_two_sizes():
-    """torch.compile (aot_eager) of a LieRE layer (the exponential), forward and backward, at two sizes."""
+    """torch.compile (aot_eager) of a LieRE layer (the exponential) and a LookHere layer, forward and
+    backward, at two sizes (test_compile.py leaves the four out)."""
     torch._dynamo.reset()
-    m = _mixed_blocks_vit(depth=1).train()
+    m = _mixed_blocks_vit().train()
+    m.blocks[1].attn.set_pe(m.blocks[2].attn.pe)
+    m.blocks = m.blocks[:2]
     compiled = torch.compile(m, backend="aot_eager")
     for size in [(16, 20), (24, 8)]:
         x = torch.randn(2, 3, *size, requires_grad=True)
