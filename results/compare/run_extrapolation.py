@@ -7,10 +7,11 @@
 Each encoding of ``ENCODINGS`` is trained once per seed with ``train.py`` on ``digits_cell`` at its
 size (32 px, 8 x 8 tokens, 10 epochs, ``train.eval_sizes=[1.0]``); the checkpoint is then
 evaluated at every size of ``SIZES`` (0.5x-4x square, and non-square; ``BIG_SUBSET`` test samples
-above 64 x 64 px, where attention over 576-1,024 tokens dominates the cost, all 1,000 below) under
+above 64 x 64 px, where attention over 1,024 tokens dominates the cost, all 1,000 below) under
 each of its variants
-(settings at evaluation only, the checkpoint unchanged): RoPE with PI and YaRN (``ref_grid=(8, 8)``),
-LieRE with its reference's ``scale_0_to_1`` (``coords="normalized"``), STRING with PI and YaRN.
+(settings at evaluation only, the checkpoint unchanged): RoPE-Mixed with PI and YaRN (``ref_grid=(8,
+8)``), RoPE-axial and STRING with PI (YaRN equals PI for rope_axial on this grid, rope_scaling.md),
+LieRE with its reference's ``scale_0_to_1`` (``coords="normalized"``).
 Rows go to ``data/extrapolation_digits_cell.csv``, tables into ``extrapolation.md`` (between
 markers; the text around them is kept). Runs are kept under ``runs/extrapolation/`` (a finished one
 is not trained again). Every row names the commit it ran from: run it from a clean checkout or a
@@ -34,17 +35,18 @@ RUNS = ROOT / "runs" / "extrapolation"
 TASK = "digits_cell"
 REF = [8, 8]  # the training grid: 32 px / patch 4
 #: evaluation sizes (H, W) in pixels: 0.5x-4x square, then non-square
-SIZES = [(16, 16), (24, 24), (32, 32), (48, 48), (64, 64), (96, 96), (128, 128), (32, 64), (64, 32), (24, 48)]
+SIZES = [(16, 16), (24, 24), (32, 32), (48, 48), (64, 64), (128, 128), (32, 64), (64, 32), (24, 48)]
 #: test samples at sizes above 64 x 64 px (the first ones of the 1,000; all 1,000 at the others)
-BIG_SUBSET = 300
-ROPE = {"pi": {"scaling": "pi", "ref_grid": REF}, "yarn": {"scaling": "yarn", "ref_grid": REF}}
+BIG_SUBSET = 200
+PI = {"pi": {"scaling": "pi", "ref_grid": REF}}
+ROPE = {**PI, "yarn": {"scaling": "yarn", "ref_grid": REF}}
 #: encoding -> {variant: pe_kwargs at evaluation}; "" is the encoding as trained
 ENCODINGS = {
     "liere": {"": {}, "scale_0_to_1": {"coords": "normalized"}},
     "comrope": {"": {}},
-    "string": {"": {}, **ROPE},
+    "string": {"": {}, **PI},
     "lookhere": {"": {}},
-    "rope_axial": {"": {}, **ROPE},
+    "rope_axial": {"": {}, **PI},  # YaRN = PI for rope_axial on this grid (rope_scaling.md)
     "rope_mixed": {"": {}, **ROPE},
     "learned_abs": {"": {}},
     "relbias": {"": {}},
@@ -87,10 +89,11 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return f"{name}, {os.cpu_count()} cores, 1 torch thread"
+    return f"{name}, {os.cpu_count()} cores, {THREADS[0]} torch thread(s)"
 
 
 SMOKE: list[str] = []  # train.py overrides of --smoke
+THREADS = [1]  # torch threads of each training and evaluation (--threads)
 
 
 def train(seed: int, pe: str) -> Path:
@@ -101,11 +104,11 @@ def train(seed: int, pe: str) -> Path:
     if summary.exists() and json.loads(summary.read_text()).get("finished"):
         return out
     cmd = [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / f"{TASK}.yaml"),
-           f"model.pe={pe}", "train.compare=[]", f"train.seed={seed}", "train.threads=1", "train.progress=false",
+           f"model.pe={pe}", "train.compare=[]", f"train.seed={seed}", f"train.threads={THREADS[0]}", "train.progress=false",
            "train.eval_sizes=[1.0]", f"train.out_dir={RUNS}", f"train.run_name={name}", *SMOKE]
     resume = ["--resume"] if (out / "checkpoint.pt").exists() else []
     print("+", " ".join(cmd[1:] + resume), flush=True)
-    subprocess.run(cmd + resume, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    subprocess.run(cmd + resume, check=True, env={**os.environ, "OMP_NUM_THREADS": str(THREADS[0])})
     (out / "vispe-commit.txt").write_text(commit())
     return out
 
@@ -122,7 +125,7 @@ def evaluate(run: Path, variants: dict, datasets: dict) -> list[dict]:
     from vispe.train.runner import build_data, build_model
     from vispe.train.tasks import get_task
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(THREADS[0])
     state = ckpt.load(run / "checkpoint.pt")
     rows = []
     for variant, kw in variants.items():
@@ -244,9 +247,11 @@ def main(argv=None) -> int:
     p.add_argument("--report", action="store_true", help="only rewrite the table from the CSV")
     p.add_argument("--smoke", action="store_true", help="1 epoch on 256 samples, 64 test samples, under /tmp")
     p.add_argument("--lock", help="a file to flock around each training + evaluation (e.g. /work/heavy.lock)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per training and evaluation (1)")
     a = p.parse_args(argv)
     if a.lock:
         LOCK.append(a.lock)
+    THREADS[0] = a.threads
     if a.smoke:
         global RUNS, HERE
         RUNS, HERE = Path("/tmp/vispe_extrapolation_smoke/runs"), Path("/tmp/vispe_extrapolation_smoke")
