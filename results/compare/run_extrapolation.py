@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 .venv/bin/python results/compare/run_extrapolation.py --lock /work/heavy.lock  # seeds 0,1,2
     OMP_NUM_THREADS=1 .venv/bin/python results/compare/run_extrapolation.py --seeds 0     # fewer seeds
     .venv/bin/python results/compare/run_extrapolation.py --report                        # tables from the CSV only
+    ... run_extrapolation.py --lane 0/2 & ... run_extrapolation.py --lane 1/2 &            # two lanes side by side
 
 Each encoding of ``ENCODINGS`` is trained once per seed with ``train.py`` on ``digits_cell`` at its
 size (32 px, 8 x 8 tokens, 10 epochs, ``train.eval_sizes=[1.0]``); the checkpoint is then
@@ -166,29 +167,41 @@ def evaluate(run: Path, variants: dict, datasets: dict) -> list[dict]:
     return rows
 
 
-def run(seeds: list[int], encodings: list[str]) -> None:
+def _append(path: Path, rows: list[dict]):
+    """Append ``rows`` to the CSV at ``path`` under a lock of its own (lanes write the same file)."""
+    import fcntl
+
+    import pandas as pd
+
+    with open(path.with_suffix(".lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        old = pd.read_csv(path) if path.exists() else None
+        new = pd.DataFrame(rows)
+        out = new if old is None else pd.concat([old, new], ignore_index=True)
+        out.to_csv(path, index=False)  # after each run: a stop keeps the rest
+    print("wrote", path, len(out), "rows", flush=True)
+
+
+def run(seeds: list[int], encodings: list[str], lane: tuple[int, int] = (0, 1)) -> None:
+    """Train and evaluate every (seed, encoding) not in the CSV yet; ``lane`` (i, n): only the units
+    whose index is i mod n (n processes side by side, one thread each)."""
     import pandas as pd
 
     path = HERE / "data" / f"extrapolation_{TASK}.csv"
     old = pd.read_csv(path) if path.exists() else None
     datasets: dict = {}
     where = machine()
-    for seed in seeds:
-        for pe in encodings:
-            if old is not None and ((old.encoding == pe) & (old.seed == seed)).any():
-                continue  # evaluated already
-            with heavy_lock():  # one training and its evaluations at a time, between other engineers' jobs
-                out = train(seed, pe)
-                evaluated = evaluate(out, ENCODINGS[pe], datasets)
-            s = json.loads((out / "summary.json").read_text())
-            rows = [{"task": TASK, "encoding": pe, "seed": seed, **r, "train_acc": round(s["final"]["train_acc"], 4),
-                     "train_time_s": s["train_time_s"], "device": where, "torch": s["torch"],
-                     "commit": (out / "vispe-commit.txt").read_text().strip()}
-                    for r in evaluated]
-            new = pd.DataFrame(rows)
-            old = new if old is None else pd.concat([old, new], ignore_index=True)
-            old.to_csv(path, index=False)  # after each run: a stop keeps the rest
-            print("wrote", path, len(old), "rows", flush=True)
+    units = [(seed, pe) for seed in seeds for pe in encodings]
+    for seed, pe in units[lane[0]::lane[1]]:
+        if old is not None and ((old.encoding == pe) & (old.seed == seed)).any():
+            continue  # evaluated already
+        with heavy_lock():  # one training and its evaluations at a time, between other engineers' jobs
+            out = train(seed, pe)
+            evaluated = evaluate(out, ENCODINGS[pe], datasets)
+        s = json.loads((out / "summary.json").read_text())
+        _append(path, [{"task": TASK, "encoding": pe, "seed": seed, **r, "train_acc": round(s["final"]["train_acc"], 4),
+                        "train_time_s": s["train_time_s"], "device": where, "torch": s["torch"],
+                        "commit": (out / "vispe-commit.txt").read_text().strip()} for r in evaluated])
 
 
 # --- tables --------------------------------------------------------------------------------------
@@ -248,6 +261,7 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="1 epoch on 256 samples, 64 test samples, under /tmp")
     p.add_argument("--lock", help="a file to flock around each training + evaluation (e.g. /work/heavy.lock)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per training and evaluation (1)")
+    p.add_argument("--lane", default="0/1", help="i/n: this process runs units i, i + n, ... (n lanes side by side)")
     a = p.parse_args(argv)
     if a.lock:
         LOCK.append(a.lock)
@@ -258,7 +272,8 @@ def main(argv=None) -> int:
         (HERE / "data").mkdir(parents=True, exist_ok=True)
         SMOKE.extend(["train.epochs=1", "data.train_subset=256", "data.test_subset=64"])
     if not a.report:
-        run([int(s) for s in a.seeds.split(",")], a.encodings.split(","))
+        i, n = (int(v) for v in a.lane.split("/"))
+        run([int(s) for s in a.seeds.split(",")], a.encodings.split(","), (i, n))
     write_md()
     return 0
 
