@@ -74,6 +74,7 @@ def test_queries_script_asks_for_the_designs_its_table_names(tmp_path):
         kwargs = OmegaConf.to_container(cfg.model.pe_kwargs)
         assert kwargs == ({} if decoder == "conditional" else {"temperature": 20}), name
         assert (cfg.task.weight_ce, cfg.task.cost_class) == (2, 2), name
+        assert cfg.detr.init == "legacy", f"{name}: ran before issue 35's papers' initialisation"
     for name, cfg in points:
         if name.endswith("_seed0"):
             builds(cfg)

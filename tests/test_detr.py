@@ -43,6 +43,7 @@ def test_detr_table3_rows_build_and_run(row):
 def test_placement_equals_a_hand_written_detr_forward(pe_at, query_pos_at):
     """Where the code goes, checked against the layers called by hand with the positions placed explicitly."""
     from vispe.attention import PosContext
+    from vispe.models.detr.queries import LayerPositions
 
     model = small("sine", pe_at=pe_at, query_pos_at=query_pos_at)
     pl = model.placement
@@ -61,8 +62,9 @@ def test_placement_equals_a_hand_written_detr_forward(pe_at, query_pos_at):
         qpos = model.query_embed.weight[None].expand(2, -1, -1)
         t = torch.zeros_like(qpos) if pl.queries == "attn" else qpos
         for layer in model.transformer.decoder:
-            t = layer(t, PosContext(pos=qpos if pl.queries == "attn" else None), mem,
-                      PosContext((h, w), pos=pos if pl.decoder == "attn" else None))
+            query_ctx = PosContext(pos=qpos if pl.queries == "attn" else None)
+            t = layer(t, LayerPositions(query_ctx, query_ctx, PosContext((h, w), pos=pos if pl.decoder == "attn" else None)),
+                      mem)
         logits = model.class_embed(model.transformer.decoder_norm(t))
     torch.testing.assert_close(out["pred_logits"], logits, rtol=1e-5, atol=1e-5)
 

@@ -1,8 +1,13 @@
 """train.py trains the positioned-query designs: the detr.decoder / dec_pe / box_bias keys reach the
-model, a sigmoid class head gets the focal loss and cost, and the run evaluates and draws."""
+model, a sigmoid class head gets the focal loss and cost, the run evaluates and draws, and two DDP
+processes train every design with every family of key positions."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,3 +52,50 @@ def test_a_sigmoid_head_gets_the_focal_criterion_and_a_softmax_head_does_not():
         model = task.model(cfg, task.info(cfg), 64)
         assert task.criterion.focal_alpha == focal and task.criterion.matcher.focal_alpha == focal
         assert model.class_head == ("sigmoid" if focal else "softmax")
+
+
+DDP_DESIGNS = {  # design -> encodings trained after it (train.compare): rotary keys, keys without position
+    "detr": (("detr.decoder=detr", "detr.box_bias=null", "task.weight_ce=1", "task.cost_class=1", "model.pe_kwargs={}"),
+             "[learned_rowcol]"),
+    "conditional": (("detr.decoder=conditional", "detr.box_bias=null"), "[rope_axial,none]"),
+    "dab-boxrpb-relation": (("detr.decoder=dab", "detr.query_relation=relation", "detr.box_bias_kwargs.hidden=8"),
+                            "[rope_mixed,none]"),
+}
+DRIVER = """import importlib.util, json, sys
+import torch.distributed as dist
+from vispe.train import distributed
+spec = importlib.util.spec_from_file_location("train_script", sys.argv[1])
+train = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(train)
+distributed.cleanup = lambda: None  # one process group for every run (started by the first)
+for args in json.load(open(sys.argv[2])):
+    assert train.main(args) == 0, args
+dist.destroy_process_group()
+"""
+
+
+def test_two_process_ddp_trains_every_design_with_every_key_family(tmp_path):
+    """One torchrun launch, two CPU processes (gloo), DDP without find_unused_parameters, train.py's main
+    called once per design: two steps per process for the design with sine keys and its compare encodings
+    (rotary keys, keys without position). A parameter without a gradient stops the second step
+    ("Expected to have finished reduction in the prior iteration"), as the rotary and position-free rows
+    did before issue 35."""
+    coco = write_miniature_coco(tmp_path / "coco", n_images=4, seed=0)
+    runs = [args_for(tmp_path, coco, *design, f"train.compare={compare}", "data.batch_size=1", "data.eval_batch_size=4",
+                     "task.vis_images=0", f"train.run_name={name}") for name, (design, compare) in DDP_DESIGNS.items()]
+    (tmp_path / "runs.json").write_text(json.dumps(runs))
+    (tmp_path / "driver.py").write_text(DRIVER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             str(tmp_path / "driver.py"), str(ROOT / "train.py"), str(tmp_path / "runs.json")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the workers too, not only torchrun
+        out, err = proc.communicate()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    for name, (_, compare) in DDP_DESIGNS.items():
+        for pe in ["sine", *compare.strip("[]").split(",")]:
+            summary = json.loads((tmp_path / "runs" / name / pe / "summary.json").read_text())
+            assert summary["world_size"] == 2 and summary["steps"] == 2, (name, pe)  # 4 images / 2 ranks, batch 1

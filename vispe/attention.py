@@ -32,9 +32,10 @@ per-call inputs, each optional, on the same layer:
   head's logit is ``(q_h.k_h + s_q,h.s_k,h) / sqrt(2 head_dim)`` (Conditional DETR's concatenation);
 * a rotary ``pe`` in cross-attention: keys are rotated at their grid cells (``memory_ctx.shape``,
   mask-aware), queries at ``ctx.coords`` (B|1, Lq, 2), continuous (y, x) in unit coordinates of the
-  valid area (``PositionEncoding.at``), so q.k depends only on the query-to-key offset; block
-  rotations (``pe.block_size > 2``) too, through ``vispe.kernels.rope_blocks`` (relative where the
-  encoding is: ComRoPE, STRING, LieRE with 2x2 blocks);
+  valid area (``PositionEncoding.at``), so q.k depends only on the query-to-key offset; both by
+  ``vispe.kernels.rope`` with the layer's ``rope_impl`` (block rotations, ``pe.block_size > 2``,
+  through ``vispe.kernels.rope_blocks``: relative where the encoding is, i.e. ComRoPE, STRING,
+  LieRE with 2x2 blocks);
 * ``bias`` (B|1, heads, Lq, Lk), an additive logit bias from the caller (Plain-DETR's box bias).
 
 Tokens are ``[prefix (P), grid (h*w, row-major)]``; a context without a grid (``shape=None``,
@@ -50,10 +51,9 @@ from timm.layers import Attention as TimmAttention
 from torch import nn
 
 from vispe import _checks
-from vispe.axis.rope import apply_rope
 from vispe.coords import valid_extent
 from vispe.encoding import BiasEncoding, PositionEncoding, RotaryEncoding
-from vispe.kernels import bias_attention, rope, rope_blocks
+from vispe.kernels import bias_attention, rope
 
 
 @dataclass
@@ -239,10 +239,8 @@ class Attention(TimmAttention):
         k = rope.rotate_qk(self.pe, k, memory_ctx.shape, memory_ctx.mask, 0, memo=memory_ctx.memo,
                            impl=self.rope_impl)  # (B, heads, Lk, hd)
         extent = valid_extent(memory_ctx.mask, memory_ctx.shape, device=q.device)  # (B|1, 2)
-        if self.pe.block_size > 2:  # block rotations (vispe.encoding): the queries through the same kernel
-            return rope_blocks.rotate_at(self.pe, q, ctx.coords, extent), k
-        angles = self.pe.at(ctx.coords, extent)  # (B|1, heads|1, Lq, hd/2)
-        return apply_rope(q, angles, self.pe.layout), k
+        q = rope.rotate_at(self.pe, q, ctx.coords, extent, impl=self.rope_impl)  # (B, heads, Lq, hd): same kernel
+        return q, k
 
     def _spatial(self, q, k, ctx: PosContext | None, memory_ctx: PosContext | None):
         """q and k with their spatial parts appended per head (Conditional DETR), or as given."""

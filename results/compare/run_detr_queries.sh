@@ -10,7 +10,8 @@ set -u
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-runs/sweeps/shapes_detr_queries}
-FOCAL="task.weight_ce=2 task.cost_class=2"
+# every row ran before issue 35 made the papers' initialisation the default: detr.init=legacy keeps theirs
+FOCAL="task.weight_ce=2 task.cost_class=2 detr.init=legacy"
 # configs/shapes_detr.yaml defaults to DAB-DETR + BoxRPB with a temperature-20 sine: every row but
 # BoxRPB's pins the box bias off, and Conditional DETR keeps the sine's own temperature (10000)
 NOBIAS="detr.box_bias=null"

@@ -35,7 +35,7 @@ from tables_padding import leakage_table1, leakage_table4, redgreen_table  # noq
 import constant_offset  # noqa: E402  (beside this file: the constant-offset measurement, seconds)
 import spread  # noqa: E402  (beside this file: the seeds' and machines' spread, reproducibility.md)
 
-SWEEPS = TASKS + ("shapes_detr", "shapes_detr_queries", "relbias_init_vit", "relbias_init_torch")
+SWEEPS = TASKS + ("shapes_detr", "shapes_detr_queries", "shapes_detr_init", "relbias_init_vit", "relbias_init_torch")
 INITS = (("relbias_init_vit", "ViT / timm default (`weight_init=''`: trunc-normal 0.02, zero biases)"),
          ("relbias_init_torch", "PyTorch default (`model.kwargs.weight_init=skip`: Kaiming-uniform, std ~0.07, non-zero biases)"))
 CHANCE = {"digits_cell": 1 / 9, "digits_relative": 1 / 4, "digits_content_position": 1 / 20, "digits_class": 1 / 10}
@@ -166,11 +166,39 @@ def queries_table() -> str:
     return "\n".join(lines)
 
 
+INIT_ROWS = [  # (row, group label in shapes_detr_init's report): configs/shapes_detr.yaml's DAB-DETR + BoxRPB
+    ("DAB-DETR + BoxRPB, the papers' initialisation (`detr.init=papers`, the default)", "sine [init=papers]"),
+    ("DAB-DETR + BoxRPB, vispe's before issue 35 (`detr.init=legacy`)", "sine [init=legacy]"),
+    ("DAB-DETR + BoxRPB + Relation-DETR's relation (`detr.query_relation=relation`, papers' init)",
+     "sine [query_relation=relation]"),
+]
+
+
+def init_relation_table() -> str:
+    """Issue 35's rows: AP at the training size (mean +- std, and each seed), at 0.75x and 1.5x."""
+    df = load("shapes_detr_init")
+    lines = ["| design (configs/shapes_detr.yaml, 16 epochs) | AP | AP50 | AP per seed (0, 1, 2) | AP at 0.75x / 1.5x "
+             "| seeds | commit |", "|---|---|---|---|---|---|---|"]
+    fin = None if df is None else report.add_group(df[df["status"] == "finished"])
+    for row, group in INIT_ROWS:
+        g = None if fin is None else fin[fin["group"].map(_key) == _key(group)]
+        if g is None or g.empty:
+            lines.append(f"| {row} | pending | pending | - | - | 0 | - |")
+            continue
+        at = g[g["is_train_size"].astype(bool)].sort_values("seed")
+        cell = lambda c: report.fmt(at[c].mean(), at[c].std(), len(at))  # noqa: E731
+        seeds = " / ".join(f"{v:.3f}" for v in at["AP"])
+        sizes = " / ".join(f"{g[g['scale'] == s]['AP'].mean():.3f}" for s in (0.75, 1.5))
+        commits = ", ".join(sorted({str(c)[:7] for c in at["commit"].dropna()})) or "-"
+        lines.append(f"| {row} | {cell('AP')} | {cell('AP50')} | {seeds} | {sizes} | {len(at)} | {commits} |")
+    return "\n".join(lines)
+
+
 BLOCKS = {**{f"main:{t}": (lambda t=t: main_table(t)) for t in TASKS},
           **{f"resolution:{t}": (lambda t=t: resolution_table(t)) for t in TASKS},
           **{f"main:{t}_today": (lambda t=t: main_table(t, today_only=True)) for t in TASKS},
           **{f"today_vs_old:{t}": (lambda t=t: today_vs_old(t)) for t in TASKS},
-          "peg": peg_table, "status": status_table, "detr": detr_table, "detr_queries": queries_table, "relbias_init": relbias_init_table, "redgreen": redgreen_table, "islam_table1": leakage_table1,
+          "peg": peg_table, "status": status_table, "detr": detr_table, "detr_queries": queries_table, "detr_init": init_relation_table, "relbias_init": relbias_init_table, "redgreen": redgreen_table, "islam_table1": leakage_table1,
           "islam_table4": leakage_table4, "constant_offset": constant_offset.markdown,
           **{f"spread:{f.__name__}": f for f in (spread.seed_spread, spread.reruns, spread.machines)},
           "provenance": lambda: freshness.markdown(freshness.check())}

@@ -84,7 +84,8 @@ import torch
 from vispe import _checks
 from vispe.axis.rope import LAYOUTS
 from vispe.axis.rope_scaling import SCALINGS, YARN_ALPHA, YARN_BETA, check_ramp, pi_positions, scaling_factor
-from vispe.coords import VALID_MODES as COORD_MODES, float32_math, jitter_coords, unit_coords, unit_to_grid, valid_coords
+from vispe.coords import (VALID_MODES as COORD_MODES, float32_math, jitter_coords, unit_coords, unit_to_grid,
+                          valid_coords, valid_extent)
 from vispe.encoding import RotaryEncoding
 
 NORMALIZE_COORDS = ("separate", "min", "max")
@@ -216,6 +217,12 @@ class RotaryBase(RotaryEncoding):
         are random. Subclasses with fixed angles return their settings."""
         return None
 
+    def augmentations(self) -> tuple[str, ...]:
+        """The train-time augmentations that are on, as ``name=value`` (empty: none)."""
+        on = (("shift", self.shift > 0), ("jitter", self.jitter > 0), ("stretch", self.stretch > 1),
+              ("rescale", self.rescale > 1))
+        return tuple(f"{name}={getattr(self, name):g}" for name, active in on if active)
+
     def _augmenting(self) -> bool:
         return self.training and (self.shift > 0 or self.jitter > 0 or self.stretch > 1 or self.rescale > 1)
 
@@ -233,14 +240,14 @@ class RotaryBase(RotaryEncoding):
         if self.has_convention:
             coords = self.convention(coords, self._extent(shape, mask, device))  # (B|1, N, 2)
         if self.normalize_coords != "separate":  # (c + 1) / 2 * n = i + 0.5, then over min / max side
-            n = self._extent(shape, mask, device)  # (B|1, 1, 2)
+            n = valid_extent(mask, shape, device)[:, None]  # (B|1, 1, 2)
             d = n.amin(-1, keepdim=True) if self.normalize_coords == "min" else n.amax(-1, keepdim=True)  # (B|1, 1, 1)
             coords = (coords + 1) * (n / d) - 1  # (B|1, N, 2)
         if self.ref_grid is not None and self.scaling == "none":
             coords = coords * self._ref_factor(shape, mask, device)  # (B|1, N, 2)
         if self._augmenting():
             coords = self._augment(coords)  # (B|1, N, 2)
-        n = None if self.scaling == "none" else self._extent(shape, mask, device)  # (B|1, 1, 2)
+        n = None if self.scaling == "none" else valid_extent(mask, shape, device)[:, None]  # (B|1, 1, 2)
         return self._scaled_angles(coords, n)  # (B|1, heads|1, N, head_dim/2)
 
     def _augment(self, coords: torch.Tensor) -> torch.Tensor:
@@ -253,20 +260,10 @@ class RotaryBase(RotaryEncoding):
             coords = coords * log_uniform(lead + (1, 1), self.rescale, device=coords.device, generator=g)
         return coords
 
-    @staticmethod
-    def _extent(shape, mask, device) -> torch.Tensor:
-        """(h, w) of the grid or of each image's valid extent, float32.  # (B|1, 1, 2)"""
-        if mask is None:
-            n = torch.stack([torch.scalar_tensor(s, dtype=torch.float32) for s in shape]).to(device)  # (2,)
-            return n[None, None]  # (1, 1, 2)
-        valid = ~mask.to(device)  # (B, h, w)
-        n = torch.stack([valid.any(2).sum(1), valid.any(1).sum(1)], -1).clamp(min=1).float()  # (B, 2)
-        return n[:, None]  # (B, 1, 2)
-
     def _ref_factor(self, shape, mask, device) -> torch.Tensor:
         """``(h0 / h, w0 / w)`` of the grid or of each image's valid extent.  # (B|1, 1, 2)"""
         ref = torch.tensor(self.ref_grid, dtype=torch.float32, device=device)  # (2,)
-        return ref / self._extent(shape, mask, device)  # (B|1, 1, 2)
+        return ref / valid_extent(mask, shape, device)[:, None]  # (B|1, 1, 2)
 
     supports_coords = True
 

@@ -22,7 +22,10 @@ otherwise the mask only sets the batch size. Output ``(B|1, h*w, dim)`` in float
 
 Continuous coordinates (``at``, ``vispe.encoding``): unit (y, x) are brought to ``coords``'
 convention (``vispe.coords.unit_to_grid``; cell centres give the grid's values exactly), so the
-features of an anchor and of the keys are the same function of position.
+features of an anchor and of the keys are the same function of position. Only with
+``mask_aware=True``: without it the grid of a padded batch is counted over the padded canvas, which
+unit coordinates of an image's valid area cannot name, so ``at`` refuses (``supports_coords`` False)
+instead of disagreeing with the grid.
 """
 from __future__ import annotations
 
@@ -65,7 +68,6 @@ class FourierEncoding(AdditiveBase):
     """
 
     mask_aware_option = "mask_aware=True"
-    supports_coords = True
 
     def __init__(self, dim: int, *, sigma: float = 1.0, seed: int = 0, learnable: bool = False,
                  mlp_dim: int = 0, coords: str = "centered", mask_aware: bool = False,
@@ -91,6 +93,14 @@ class FourierEncoding(AdditiveBase):
         if _checks.positive_int("mlp_dim", mlp_dim, allow_zero=True):
             self.mlp = nn.Sequential(nn.Linear(dim, mlp_dim), nn.GELU(), nn.Linear(mlp_dim, dim))
 
+    @property
+    def supports_coords(self) -> bool:  # with a padding mask, the grid is the valid area's only when mask-aware
+        return self.mask_aware
+
+    def coords_refusal(self) -> str:
+        return ("mask_aware=False counts the grid over the padded canvas, so on a padded batch no point in unit "
+                "coordinates of an image's valid area has its grid's code; build it with mask_aware=True")
+
     def _frequencies(self, device: torch.device) -> torch.Tensor:  # (dim/2, 2)
         if self.freqs is not None:
             return self.freqs.to(device)
@@ -105,6 +115,8 @@ class FourierEncoding(AdditiveBase):
 
     def at(self, coords, extent=None, *, dtype=None) -> torch.Tensor:  # (B|1, N, dim)
         """The features at unit (y, x) ``coords`` (B|1, N, 2); ``extent`` (B|1, 2) valid cells (module docstring)."""
+        if not self.mask_aware:
+            return super().at(coords, extent, dtype=dtype)  # refuses, saying why
         coords, n = unit_coords(coords, extent)
         with float32_math(coords.device):
             return self._features(unit_to_grid(coords, n, self.coords)).to(dtype or torch.float32)

@@ -13,6 +13,9 @@ tensor per half, a ``cat``); this module is what the attention layer runs by def
   (no temporaries, no cat/stack, no dtype round trip when ``x`` is float32). Its backward is the
   inverse rotation (nothing saved but the tables); when ``angles`` needs a gradient (RoPE-Mixed),
   ``d out1/d angle = -out2`` and ``d out2/d angle = out1`` give it from the saved output.
+* ``rotate_at(pe, x, coords, extent)`` rotates tokens that are not grid cells (a detector's queries at
+  their anchors, ``pe.at``) by the same kernels, so that both sides of a rotary cross-attention go
+  through one path and one ``impl``.
 * ``impl="compiled"`` runs the same math through ``torch.compile`` (one fused loop per pass).
 * While ``torch.compile`` or ``torch.export`` records the model (``vispe._tracing.is_tracing``),
   ``rotate`` is the plain out-of-place expression differentiated by autograd: the compiler fuses
@@ -182,6 +185,31 @@ def rotate_qk(pe, qk: torch.Tensor, shape: tuple[int, int], mask: torch.Tensor |
     cos, sin, angles = tables_for(pe, shape, mask, num_prefix_tokens, qk.device, memo)
     _check_len(cos, L, shape, num_prefix_tokens)
     return rotate(qk, cos, sin, pe.layout, angles=angles, impl="compiled" if impl == "compiled" else "fused")
+
+
+def rotate_at(pe, x: torch.Tensor, coords: torch.Tensor, extent: torch.Tensor | None = None, *,
+              impl: str = "auto") -> torch.Tensor:
+    """``x`` (B, H, L, d) rotated by encoding ``pe`` at continuous unit (y, x) ``coords`` (B|1, L, 2)
+    (``pe.at(coords, extent)``, ``extent`` (B|1, 2) valid cells): the queries of a rotary
+    cross-attention, by the kernels and ``impl`` of ``rotate_qk`` (gradients reach learned angles and
+    coordinates that need them)."""
+    _checks.choice("impl", impl, ROPE_IMPLS)
+    if getattr(pe, "block_size", 2) > 2:  # block rotations, the contract's second form (vispe.kernels.rope_blocks)
+        from vispe.kernels import rope_blocks
+
+        return rope_blocks.rotate_at(pe, x, coords, extent)
+    angles = pe.at(coords, extent)  # (B|1, H|1, L, d/2) float32
+    if angles.shape[-2] != x.shape[-2]:
+        raise ValueError(f"the encoding gives {angles.shape[-2]} angles at coords {tuple(coords.shape)}: expected "
+                         f"{x.shape[-2]}, one per token of x")
+    if impl == "reference":
+        from vispe.axis.rope import apply_rope
+
+        return apply_rope(x, angles, pe.layout)
+    learn = angles.requires_grad and torch.is_grad_enabled()
+    cos, sin = rope_tables(angles.detach())
+    return rotate(x, cos, sin, pe.layout, angles=angles if learn else None,
+                  impl="compiled" if impl == "compiled" else "fused")
 
 
 def _check_len(t: torch.Tensor, L: int, shape, P: int) -> None:

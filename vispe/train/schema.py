@@ -107,8 +107,11 @@ class DetrModelConfig:
     decoder_kwargs: Dict[str, Any] = field(default_factory=dict)  # the design's options (e.g. query_dim, modulate_hw)
     box_bias: Optional[str] = None  # boxrpb: Plain-DETR's box-to-pixel bias in cross-attention (decoder=dab)
     box_bias_kwargs: Dict[str, Any] = field(default_factory=dict)  # hidden, transform (linear | abs_log8), stride
+    query_relation: Optional[str] = None  # relation: Relation-DETR's box-to-box bias in self-attention (decoder=dab)
+    query_relation_kwargs: Dict[str, Any] = field(default_factory=dict)  # num_feats, temperature, scale
     class_head: Optional[str] = None  # softmax (K+1, cross-entropy) | sigmoid (K, focal loss); None = the design's
     activation: str = "relu"  # the transformer FFNs': relu | prelu (DAB-DETR) | gelu
+    init: str = "papers"  # papers (Conditional/DAB-DETR's code) | legacy (vispe's before issue 35)
 
 
 @dataclass
@@ -162,7 +165,7 @@ class Config:
 
 
 FREE_DICTS = ("data.kwargs", "model.pe_kwargs", "model.kwargs", "detr.dec_pe_kwargs", "detr.pe_at", "detr.decoder_kwargs",
-              "detr.box_bias_kwargs", "detr.backbone_kwargs")
+              "detr.box_bias_kwargs", "detr.query_relation_kwargs", "detr.backbone_kwargs")
 
 
 def schema_keys(cls=Config, prefix: str = "") -> list[str]:

@@ -1,4 +1,4 @@
-"""The detector's query designs as named choices: ``create_detr(decoder=..., decoder_kwargs=..., box_bias=...)``.
+"""The detector's query designs as one typed object: ``create_detr(decoder=..., decoder_kwargs=..., ...)``.
 
 =================  ==========================================================================================
 ``decoder``        ``decoder_kwargs`` (each paper's ablations; anything else is refused)
@@ -6,101 +6,194 @@
 ``"detr"``         none (the object queries' placement is ``query_pos_at`` / ``pe_at["queries"]``)
 ``"conditional"``  ``anchor_pe`` ("sine"), ``anchor_pe_kwargs``, ``keep_query_pos`` (False)
 ``"dab"``          ``anchor_pe``, ``anchor_pe_kwargs``, ``query_dim`` (4 boxes | 2 points), ``modulate_hw``
-                   (default: query_dim == 4), ``iter_refine`` (True), ``random_refpoints_xy`` (False: the
-                   anchors' (cx, cy) drawn uniformly and kept fixed), ``keep_query_pos`` (False),
-                   ``enc_pos_scale`` (True: DAB's encoder scales its code by an MLP of the tokens)
+                   (default: on with boxes and additive keys), ``iter_refine`` (True), ``random_refpoints_xy``
+                   (False: the anchors' (cx, cy) drawn uniformly and kept fixed), ``keep_query_pos`` (False),
+                   ``enc_pos_scale`` (default: on where the encoder adds an additive code at its attention
+                   layers: DAB's encoder scales that code by an MLP of the tokens)
 =================  ==========================================================================================
 
-How anchors meet the keys follows from the decoder's key encoding (``dec_pe``, else ``pe``): an
-additive one gives the papers' concatenated spatial part; a rotary one (``rope_axial``,
-``rope_mixed``) rotates queries at their anchor centres and keys at their cells. ``box_bias="boxrpb"``
-(``box_bias_kwargs``: ``hidden`` 512, ``transform`` "linear" | "abs_log8", ``stride`` = the
-backbone's) adds Plain-DETR's box bias to every cross-attention; it needs box anchors (``"dab"``,
+How anchors meet the keys (``Design.cross.keys``) follows from the decoder's key encoding (``dec_pe``,
+else ``pe``): an additive one gives the papers' concatenated spatial part ("concat"); a rotary one
+(``rope_axial``, ``rope_mixed``) rotates queries at their anchor centres and keys at their cells
+("rotary"; the encoding's train-time augmentations are refused there: they move the keys and not the
+anchors); none gives keys without position ("none"). Modules a combination does not use are not built
+(``query_scale`` and ``ref_anchor_head`` without additive keys, ``k_pos`` / ``q_spatial`` without key
+positions, ``enc_pos_scale`` without an additive code in the encoder's attention), and options that
+would need them are refused with the reason, so every parameter gets a gradient (DDP requires it).
+
+``box_bias="boxrpb"`` (``box_bias_kwargs``: ``hidden`` 512, ``transform`` "linear" | "abs_log8",
+``stride`` = the backbone's) adds Plain-DETR's box bias to every cross-attention;
+``query_relation="relation"`` (``query_relation_kwargs``: ``num_feats`` 16, ``temperature`` 10000,
+``scale`` 100) adds Relation-DETR's box-to-box bias to the self-attention of decoder layers 1, 2, ...
+(``vispe.models.detr.relation``). Both need anchor boxes before the first layer (``"dab"``,
 ``query_dim=4``). ``class_head``: "softmax" (DETR's K + 1 logits) or "sigmoid" (K logits and the focal
 loss, the default of the positioned designs, as their papers).
+
+``init`` (``vispe.models.detr.init``): "papers" (default; the Conditional DETR / DAB-DETR code's
+initialisation for the positioned designs) or "legacy" (vispe's before issue 35). DETR's design has
+one initialisation, DETR's own, under either name.
+
+A cross-attention operator is ``CrossSpec.operator`` (``transformer.CROSS_OPERATORS``: "dense" today);
+a query strategy is a ``queries.QueryPositions`` subclass in ``queries.STRATEGIES``. The design is the
+one place that combines them with the keys and the options.
 """
 from __future__ import annotations
 
-from vispe.models.detr.box_bias import BoxRPB
-from vispe.models.detr.queries import DESIGNS, ConditionalQueries, DabQueries, QueryPositions
-from vispe.registry import build_in, get
+from dataclasses import dataclass, field
+
+import torch
+
+from vispe.models.detr.placement import Placement, check_family
+from vispe.models.detr.queries import STRATEGIES, QueryPositions, StrategyContext
+from vispe.registry import get
 
 CLASS_HEADS = ("softmax", "sigmoid")
 BOX_BIASES = ("boxrpb",)
-_KWARGS = {
-    "detr": set(),
-    "conditional": {"anchor_pe", "anchor_pe_kwargs", "keep_query_pos"},
-    "dab": {"anchor_pe", "anchor_pe_kwargs", "query_dim", "modulate_hw", "iter_refine", "random_refpoints_xy",
-            "keep_query_pos", "enc_pos_scale"},
-}
+RELATIONS = ("relation",)
+INITS = ("papers", "legacy")
+OPERATORS = ("dense",)
+RELATION_KWARGS = ("num_feats", "temperature", "scale")
 
 
-def _bool(name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"decoder_kwargs[{name!r}]={value!r}: expected True or False")
-    return value
+@dataclass(frozen=True)
+class CrossSpec:
+    """Every decoder layer's cross-attention: the operator, how its keys carry position, its box bias."""
+
+    operator: str = "dense"  # OPERATORS
+    keys: str = "add"  # queries.KEYS
+    box_bias: dict | None = None  # BoxRPB's kwargs (vispe.models.detr.box_bias), or None
 
 
-def build_design(decoder: str, decoder_kwargs: dict, *, box_bias: str | None, box_bias_kwargs: dict,
-                 d_model: int, nheads: int, queries_at: str, key_family: str | None, stride: float,
-                 dec_layers: int = 2) -> dict:
-    """The pieces of a design: ``queries`` (strategy), ``layer_kwargs`` (per decoder layer),
-    ``enc_pos_scale``, ``query_dim``, ``random_refpoints_xy``, ``default_class_head``."""
-    if decoder not in DESIGNS:
-        raise ValueError(f"decoder={decoder!r}: expected one of {', '.join(map(repr, DESIGNS))}")
+@dataclass(frozen=True)
+class LayerSpec:
+    """One decoder layer: separate position projections (``decoupled``), ``p_q`` on its cross-attention's
+    query (``query_pos``), and the cross-attention (``cross``)."""
+
+    decoupled: bool = False
+    query_pos: bool = True
+    cross: CrossSpec = field(default_factory=CrossSpec)
+
+
+@dataclass
+class Design:
+    """A query design, typed: the strategy (a built module), the decoder's cross-attention, the depth,
+    the self-attention relation, the encoder's code scaling, the initialisation scheme."""
+
+    queries: QueryPositions
+    cross: CrossSpec
+    num_layers: int
+    relation: dict | None = None  # Relation-DETR's PositionRelation kwargs, or None
+    enc_pos_scale: bool = False
+    init: str = "papers"
+
+    @property
+    def name(self) -> str:
+        return self.queries.design
+
+    @property
+    def class_head(self) -> str:
+        """The design's default class head (its paper's)."""
+        return self.queries.class_head
+
+    def layers(self) -> list[LayerSpec]:
+        """One spec per decoder layer; ``p_q`` placement is the strategy's ``query_pos_in_cross``."""
+        q = self.queries
+        return [LayerSpec(decoupled=q.decoupled, query_pos=q.query_pos_in_cross(i), cross=self.cross)
+                for i in range(self.num_layers)]
+
+
+def build_design(decoder: str, decoder_kwargs: dict, *, box_bias: str | None = None, box_bias_kwargs: dict | None = None,
+                 query_relation: str | None = None, query_relation_kwargs: dict | None = None, init: str = "papers",
+                 d_model: int, num_layers: int, placement: Placement, pe: str, dec_pe: str | None = None,
+                 enc_layers: int = 1, stride: float = 16.0) -> Design:
+    """Check every option against the design and the encodings, and build the typed design."""
+    if decoder not in STRATEGIES:
+        raise ValueError(f"decoder={decoder!r}: expected one of {', '.join(map(repr, STRATEGIES))}")
+    cls = STRATEGIES[decoder]
     kw = dict(decoder_kwargs)
-    unknown = sorted(set(kw) - _KWARGS[decoder])
+    unknown = sorted(set(kw) - cls.OPTIONS)
     if unknown:
-        allowed = ", ".join(sorted(_KWARGS[decoder])) or "none"
+        allowed = ", ".join(sorted(cls.OPTIONS)) or "none"
         raise ValueError(f"decoder_kwargs has {unknown} for decoder={decoder!r}: expected some of {allowed}")
-    if box_bias is not None and box_bias not in BOX_BIASES:
-        raise ValueError(f"box_bias={box_bias!r}: expected None or one of {', '.join(map(repr, BOX_BIASES))}")
-    if box_bias is None and box_bias_kwargs:
-        raise ValueError(f"box_bias_kwargs={box_bias_kwargs!r} with box_bias=None: there is no box bias to take them")
-    if decoder == "detr":
-        if box_bias is not None:
-            raise ValueError(f"box_bias={box_bias!r} with decoder='detr': DETR's queries have no anchor boxes; "
-                             "use decoder='dab'")
-        return dict(queries=QueryPositions(d_model, queries_at=queries_at), layer_kwargs=None, enc_pos_scale=False,
-                    query_dim=None, random_refpoints_xy=False, default_class_head="softmax")
-    if queries_at != "attn":
-        raise ValueError(f"pe_at['queries']={queries_at!r} with decoder={decoder!r}: positioned queries take their "
-                         "positions at every attention layer; expected 'attn'")
-    cross = "rotary" if key_family == "rotary" else "concat"
-    anchor = kw.pop("anchor_pe", "sine")
-    anchor_pe = build_in(anchor, dict(dim=d_model, num_prefix_tokens=0), **kw.pop("anchor_pe_kwargs", {}))
-    if not anchor_pe.supports_coords or anchor_pe.family != "additive":
-        raise ValueError(f"anchor_pe={anchor!r}: expected an additive encoding that can be evaluated at "
-                         f"continuous coordinates (e.g. 'sine'); {anchor!r} cannot: {anchor_pe.coords_refusal()}")
-    keep = _bool("keep_query_pos", kw.pop("keep_query_pos", False))
-    enc_scale = _bool("enc_pos_scale", kw.pop("enc_pos_scale", decoder == "dab"))
-    random_xy = _bool("random_refpoints_xy", kw.pop("random_refpoints_xy", False))
-    if decoder == "conditional":
-        queries, query_dim = ConditionalQueries(d_model, anchor_pe, cross=cross, keep_query_pos=keep,
-                                                num_layers=dec_layers), None
-    else:
-        query_dim = kw.pop("query_dim", 4)
-        queries = DabQueries(d_model, anchor_pe, query_dim=query_dim, modulate_hw=kw.pop("modulate_hw", None),
-                             iter_refine=_bool("iter_refine", kw.pop("iter_refine", True)), cross=cross,
-                             keep_query_pos=keep, num_layers=dec_layers)
-    if box_bias is not None and query_dim != 4:
-        raise ValueError(f"box_bias={box_bias!r} with decoder={decoder!r}"
-                         f"{', query_dim=2' if decoder == 'dab' else ''}: the box bias needs anchor boxes "
-                         "(decoder='dab', query_dim=4)")
-    bias_kw = {"stride": float(stride), **box_bias_kwargs}
-
-    def layer_kwargs(i: int) -> dict:
-        return dict(decoupled=True, cross_query_pos=i == 0 or keep,
-                    spatial=cross == "concat",
-                    box_bias=BoxRPB(nheads, **bias_kw) if box_bias is not None else None)
-
-    return dict(queries=queries, layer_kwargs=layer_kwargs, enc_pos_scale=enc_scale, query_dim=query_dim,
-                random_refpoints_xy=random_xy, default_class_head="sigmoid")
+    if init not in INITS:
+        raise ValueError(f"init={init!r}: expected one of {', '.join(map(repr, INITS))}")
+    check_family(pe, get(pe).family, placement, dec_pe, get(dec_pe).family if dec_pe is not None else None,
+                 design=decoder)
+    _check_choice("box_bias", box_bias, BOX_BIASES, box_bias_kwargs)
+    _check_choice("query_relation", query_relation, RELATIONS, query_relation_kwargs)
+    if decoder != "detr" and placement.queries != "attn":
+        raise ValueError(f"pe_at['queries']={placement.queries!r} with decoder={decoder!r}: positioned queries take "
+                         "their positions at every attention layer; expected 'attn'")
+    keys = "add" if decoder == "detr" else _positioned_keys(pe, dec_pe, placement)
+    queries = cls.build(kw, StrategyContext(d_model, num_layers, keys, placement.queries))
+    for name, value in (("box_bias", box_bias), ("query_relation", query_relation)):
+        if value is not None and not queries.anchor_boxes:
+            detail = ", query_dim=2" if decoder == "dab" else ""
+            raise ValueError(f"{name}={value!r} with decoder={decoder!r}{detail}: it needs anchor boxes before the "
+                             "first decoder layer (decoder='dab', query_dim=4)")
+    if query_relation is not None and num_layers < 2:
+        raise ValueError(f"query_relation={query_relation!r} with dec_layers={num_layers}: the relation biases layer "
+                         "i >= 1 by the boxes of the layers before it; expected dec_layers >= 2")
+    relation = None
+    if query_relation is not None:
+        relation = dict(query_relation_kwargs or {})
+        bad = sorted(set(relation) - set(RELATION_KWARGS))
+        if bad:
+            raise ValueError(f"query_relation_kwargs has {bad}: expected some of {', '.join(RELATION_KWARGS)}")
+    bias = {"stride": float(stride), **(box_bias_kwargs or {})} if box_bias is not None else None
+    return Design(queries, CrossSpec("dense", keys, bias), num_layers, relation,
+                  _enc_pos_scale(queries, placement, pe, enc_layers), init)
 
 
-def key_family(pe: str, dec_pe: str | None) -> str | None:
+def _check_choice(name: str, value, choices: tuple, kwargs) -> None:
+    if value is not None and value not in choices:
+        raise ValueError(f"{name}={value!r}: expected None or one of {', '.join(map(repr, choices))}")
+    if value is None and kwargs:
+        raise ValueError(f"{name}_kwargs={kwargs!r} with {name}=None: there is nothing to take them")
+
+
+def _positioned_keys(pe: str, dec_pe: str | None, placement: Placement) -> str:
+    """How the positioned queries' cross-attention keys carry position (``queries.KEYS``)."""
+    family = key_family(pe, dec_pe)
+    if family == "none" or placement.decoder == "none":
+        return "none"
+    return "rotary" if family == "rotary" else "concat"
+
+
+def _enc_pos_scale(queries: QueryPositions, placement: Placement, pe: str, enc_layers: int) -> bool:
+    """DAB's encoder scaling: built where the encoder adds an additive code at its attention layers."""
+    wanted = queries.enc_pos_scale
+    applies = enc_layers > 0 and placement.encoder == "attn" and get(pe).family == "additive"
+    if wanted and not applies:
+        why = ("there are no encoder layers" if enc_layers == 0 else
+               f"pe={pe!r} is a {get(pe).family} encoding" if placement.encoder == "attn" else
+               f"pe_at encoder={placement.encoder!r}")
+        raise ValueError(f"decoder_kwargs['enc_pos_scale']=True: it scales the additive code the encoder adds at its "
+                         f"attention layers, and {why}; expected enc_pos_scale=False (or leave it unset)")
+    return applies if wanted is None else bool(wanted)
+
+
+def key_family(pe: str, dec_pe: str | None) -> str:
     """Family of the encoding the decoder's keys get: ``dec_pe``'s, else ``pe``'s."""
     return get(dec_pe if dec_pe is not None else pe).family
+
+
+def check_cross_rotary(pe, name: str, arg: str) -> None:
+    """A rotary encoding in cross-attention rotates the keys on their grid and the queries at ``at()``:
+    options that ``at()`` cannot follow are refused here, at build, not at the first forward."""
+    moving = pe.augmentations() if hasattr(pe, "augmentations") else ()
+    if moving:
+        raise ValueError(f"{arg}={name!r} with {', '.join(moving)} in the decoder's cross-attention: these train-time "
+                         "augmentations move the keys' coordinates and not the anchors' (queries are rotated at "
+                         "their anchors, at() takes no augmentation), which adds noise to every anchor-to-key offset; "
+                         "keep them in the encoder and give the decoder its own rotary encoding without them "
+                         "(dec_pe=..., dec_pe_kwargs=...)")
+    try:
+        with torch.no_grad():
+            pe.at(torch.full((1, 1, 2), 0.5), torch.tensor([[2.0, 3.0]]))
+    except ValueError as e:
+        raise ValueError(f"{arg}={name!r} in the decoder's cross-attention: queries are rotated at their anchors "
+                         f"(at()), and this encoding cannot be: {e}") from e
 
 
 def fix_refpoints_xy(weight, generator=None) -> None:
@@ -110,8 +203,6 @@ def fix_refpoints_xy(weight, generator=None) -> None:
     (the centres then train); here their gradient is zeroed by a hook, so they stay where drawn
     (weight decay, if the optimiser applies it to ``query_embed``, still shrinks them slightly).
     """
-    import torch
-
     from vispe.models.detr.mlp import inverse_sigmoid
 
     with torch.no_grad():
@@ -123,3 +214,4 @@ def fix_refpoints_xy(weight, generator=None) -> None:
         return grad
 
     weight.register_hook(zero_xy)
+

@@ -34,10 +34,11 @@ from torch import nn
 from vispe import _checks
 from vispe.attention import PosContext
 from vispe.models.detr.backbone import build_backbone
-from vispe.models.detr.designs import CLASS_HEADS, build_design, fix_refpoints_xy, key_family
+from vispe.models.detr.designs import CLASS_HEADS, Design, build_design, check_cross_rotary, fix_refpoints_xy
+from vispe.models.detr.init import papers_init
 from vispe.models.detr.mlp import MLP
-from vispe.models.detr.placement import check_family, parse_placement
-from vispe.models.detr.queries import QueryPositions
+from vispe.models.detr.placement import parse_placement
+from vispe.models.detr.relation import PositionRelation
 from vispe.models.detr.transformer import Transformer
 from vispe.registry import build_in, get
 
@@ -48,61 +49,63 @@ BoxHead = MLP  # DETR's box MLP (``bbox_embed.layers.N``)
 class DETR(nn.Module):
     """Backbone -> projection -> transformer with any encoding -> class and box heads.
 
-    ``queries`` is the query-position strategy (``vispe.models.detr.queries``); ``class_head``
-    "softmax" (K + 1 logits, DETR) or "sigmoid" (K logits for the focal loss, Conditional/DAB-DETR).
-    Input checks are the ViT's (``vispe._checks.images``): a ValueError for a non-float or empty
-    batch, a mask of another shape or an image that is all padding.
+    ``design`` (``vispe.models.detr.designs.Design``) is the query design: its strategy becomes
+    ``self.queries`` (``vispe.models.detr.queries``), its keys decide where the encodings go.
+    ``class_head`` "softmax" (K + 1 logits, DETR) or "sigmoid" (K logits for the focal loss,
+    Conditional/DAB-DETR). Input checks are the ViT's (``vispe._checks.images``): a ValueError for a
+    non-float or empty batch, a mask of another shape or an image that is all padding.
     """
 
     #: refuse NaN / inf pixels (opt-in, as the ViT's: costs one pass over the input per call)
     check_finite: bool = False
 
-    def __init__(self, backbone: nn.Module, transformer: Transformer, *, num_classes: int, num_queries: int,
-                 pe: str, pe_kwargs: dict, placement, dec_pe: str | None, dec_pe_kwargs: dict,
-                 grid=None, aux_loss: bool = True, queries: QueryPositions | None = None, query_dim: int | None = None,
-                 class_head: str = "softmax") -> None:
+    def __init__(self, backbone: nn.Module, transformer: Transformer, design: Design, *, num_classes: int,
+                 num_queries: int, pe: str, pe_kwargs: dict, placement, dec_pe: str | None, dec_pe_kwargs: dict,
+                 grid=None, aux_loss: bool = True, class_head: str | None = None) -> None:
         super().__init__()
         d = transformer.d_model
         self.backbone, self.transformer = backbone, transformer
         self.in_chans = _image_channels(backbone)  # checked at the input (None: the backbone does not say)
         self.input_proj = nn.Conv2d(backbone.num_channels, d, kernel_size=1)
-        self.queries = queries if queries is not None else QueryPositions(d, queries_at=placement.queries)
-        self.query_embed = nn.Embedding(num_queries, query_dim or d)
-        self.class_head = _checks.choice("class_head", class_head, CLASS_HEADS)
-        self.class_embed = nn.Linear(d, num_classes + (class_head == "softmax"))
+        self.queries = design.queries
+        self.keys = design.cross.keys
+        self.query_embed = nn.Embedding(num_queries, self.queries.query_dim or d)
+        self.class_head = _checks.choice("class_head", class_head or design.class_head, CLASS_HEADS)
+        self.class_embed = nn.Linear(d, num_classes + (self.class_head == "softmax"))
         self.bbox_embed = BoxHead(d, d, 4, 3)
         self.num_classes, self.num_queries, self.aux_loss = num_classes, num_queries, aux_loss
         self.placement = placement
         self.pe_name, self.dec_pe_name = pe, dec_pe
         self.pe_family = get(pe).family
         dec_family = get(dec_pe).family if dec_pe is not None else None
-        check_family(pe, self.pe_family, placement, dec_pe, dec_family, design=self.queries.design)
         context = dict(dim=d, num_heads=transformer.nheads, head_dim=d // transformer.nheads, num_prefix_tokens=0)
         if grid is not None:
             context["grid"] = _checks.grid_shape("grid", grid)
         self.pe = self.dec_pe = None
+        _check_used(pe, self.pe_family, placement, dec_pe, self.keys)
         if self.pe_family in ("additive", "conditional"):
             self.pe = build_in(pe, context, **pe_kwargs)
-        elif self.pe_family in ("rotary", "bias"):
+        elif self.pe_family in ("rotary", "bias") and placement.encoder == "attn":
             for layer in transformer.encoder:
                 layer.self_attn.set_pe(build_in(pe, context, **pe_kwargs))
-        elif pe_kwargs:
+        elif pe_kwargs and self.pe_family == "none":
             raise ValueError(f"pe_kwargs={pe_kwargs!r}: the encoding {pe!r} takes no settings")
         if dec_pe is not None and dec_family == "additive":
             self.dec_pe = build_in(dec_pe, context, **dec_pe_kwargs)
         elif dec_pe_kwargs and (dec_pe is None or dec_family == "none"):
             raise ValueError(f"dec_pe_kwargs={dec_pe_kwargs!r}: there is no decoder encoding to take them "
                              f"(dec_pe={dec_pe!r})")
-        if self.queries.cross == "rotary":  # every cross-attention gets its own rotary encoding
-            name, kw = (dec_pe, dec_pe_kwargs) if dec_pe is not None else (pe, pe_kwargs)
+        if self.keys == "rotary":  # every cross-attention gets its own rotary encoding
+            name, kw, arg = (dec_pe, dec_pe_kwargs, "dec_pe") if dec_pe is not None else (pe, pe_kwargs, "pe")
             for layer in transformer.decoder:
                 layer.cross_attn.set_pe(build_in(name, context, **kw))
+                check_cross_rotary(layer.cross_attn.pe, name, arg)
 
     # --- positions -----------------------------------------------------------------------------
     def _codes(self, x: torch.Tensor, mask: torch.Tensor | None):
         """Additive 2D codes for the encoder and the decoder keys, or None.  # (B|1, h*w, d) each"""
         shape, pl = tuple(x.shape[-2:]), self.placement
-        rotary_keys = self.queries.cross == "rotary"
+        rotary_keys = self.keys == "rotary"
         enc = dec = None
         if self.pe_family == "additive" and (pl.encoder != "none" or (pl.decoder != "none" and self.dec_pe is None
                                                                       and not rotary_keys)):
@@ -161,6 +164,17 @@ def _eager_backbone(backbone, images, mask):
     return backbone(images, mask)
 
 
+def _check_used(pe: str, family: str, placement, dec_pe: str | None, keys: str) -> None:
+    """Refuse an encoding no layer would use: its settings (and any parameter) would be ignored."""
+    if family == "none" or placement.encoder != "none":
+        return
+    if placement.decoder != "none" and dec_pe is None:
+        return
+    where = "the decoder takes no position" if placement.decoder == "none" else f"the decoder's keys take dec_pe={dec_pe!r}"
+    raise ValueError(f"pe={pe!r} is used nowhere: pe_at encoder='none' and {where}; expected pe='none' or a place "
+                     "that uses it")
+
+
 def _image_channels(backbone: nn.Module) -> int | None:
     """The channels the backbone's first convolution takes (ResNets, small_cnn, ViT patch embedding)."""
     conv = next((m for m in backbone.modules() if isinstance(m, nn.Conv2d)), None)
@@ -185,7 +199,9 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
                 nheads: int = 8, enc_layers: int = 6, dec_layers: int = 6, dim_feedforward: int = 2048,
                 dropout: float = 0.1, attn_dropout: float | None = None, aux_loss: bool = True,
                 decoder: str = "detr", decoder_kwargs: dict | None = None, box_bias: str | None = None,
-                box_bias_kwargs: dict | None = None, class_head: str | None = None, activation: str = "relu") -> DETR:
+                box_bias_kwargs: dict | None = None, query_relation: str | None = None,
+                query_relation_kwargs: dict | None = None, class_head: str | None = None, activation: str = "relu",
+                init: str = "papers") -> DETR:
     """A DETR-style detector with encoding ``pe``; the defaults are DETR R50's.
 
     Args:
@@ -214,8 +230,12 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
         aux_loss: also return the outputs of every decoder layer (``aux_outputs``).
         decoder, decoder_kwargs, box_bias, box_bias_kwargs: the query design ("detr", "conditional",
             "dab") with its options, and Plain-DETR's box bias (``vispe.models.detr.designs``).
+        query_relation, query_relation_kwargs: "relation" for Relation-DETR's box-to-box bias on the
+            decoder's self-attention (``vispe.models.detr.relation``; decoder="dab" with boxes).
         class_head: "softmax" (K + 1) or "sigmoid" (K, focal loss); default by design.
         activation: the FFNs' "relu" (DETR, Conditional DETR), "prelu" (DAB-DETR) or "gelu".
+        init: "papers" (the Conditional DETR / DAB-DETR code's initialisation, default) or "legacy"
+            (vispe's before issue 35); DETR's design has one, DETR's own (``vispe.models.detr.init``).
     """
     for name, value in (("num_classes", num_classes), ("num_queries", num_queries), ("d_model", d_model),
                         ("nheads", nheads), ("enc_layers", enc_layers), ("dec_layers", dec_layers),
@@ -232,18 +252,21 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
     net = build_backbone(backbone, weights=backbone_weights, dilation=dilation, train_backbone=train_backbone,
                          widths=backbone_widths, kwargs=backbone_kwargs, mask_aware=backbone_mask_aware)
     design = build_design(decoder, dict(decoder_kwargs or {}), box_bias=box_bias,
-                          box_bias_kwargs=dict(box_bias_kwargs or {}), d_model=d_model, nheads=nheads,
-                          queries_at=placement.queries, key_family=key_family(pe, dec_pe), stride=net.stride,
-                          dec_layers=dec_layers)
-    transformer = Transformer(d_model, nheads, enc_layers, dec_layers, dim_feedforward, dropout, attn_dropout,
-                              layer_kwargs=design["layer_kwargs"], enc_pos_scale=design["enc_pos_scale"],
-                              activation=activation)
-    model = DETR(net, transformer, num_classes=num_classes, num_queries=num_queries, pe=pe,
+                          box_bias_kwargs=dict(box_bias_kwargs or {}), query_relation=query_relation,
+                          query_relation_kwargs=dict(query_relation_kwargs or {}), init=init, d_model=d_model,
+                          num_layers=dec_layers, placement=placement, pe=pe, dec_pe=dec_pe, enc_layers=enc_layers,
+                          stride=net.stride)
+    transformer = Transformer(d_model, nheads, enc_layers, design.layers(), dim_feedforward, dropout, attn_dropout,
+                              enc_pos_scale=design.enc_pos_scale, activation=activation)
+    model = DETR(net, transformer, design, num_classes=num_classes, num_queries=num_queries, pe=pe,
                  pe_kwargs=dict(pe_kwargs or {}), placement=placement, dec_pe=dec_pe,
-                 dec_pe_kwargs=dict(dec_pe_kwargs or {}), grid=grid, aux_loss=aux_loss, queries=design["queries"],
-                 query_dim=design["query_dim"], class_head=class_head or design["default_class_head"])
-    if design["random_refpoints_xy"]:
+                 dec_pe_kwargs=dict(dec_pe_kwargs or {}), grid=grid, aux_loss=aux_loss, class_head=class_head)
+    if design.queries.random_refpoints_xy:
         fix_refpoints_xy(model.query_embed.weight)
+    if design.relation is not None:  # built last: at one seed, every other weight is the run's without it
+        transformer.relation = PositionRelation(nheads, **design.relation)
+    if design.init == "papers":
+        papers_init(model)
     model.config = dict(num_classes=num_classes, backbone=backbone if isinstance(backbone, str) else type(backbone).__name__,
                         backbone_kwargs=dict(backbone_kwargs or {}), backbone_mask_aware=backbone_mask_aware,
                         dilation=dilation, backbone_widths=backbone_widths,
@@ -253,6 +276,7 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
                         dec_layers=dec_layers, dim_feedforward=dim_feedforward, dropout=dropout,
                         attn_dropout=attn_dropout, aux_loss=aux_loss, decoder=decoder,
                         decoder_kwargs=dict(decoder_kwargs or {}), box_bias=box_bias,
-                        box_bias_kwargs=dict(box_bias_kwargs or {}), class_head=model.class_head,
-                        activation=activation)
+                        box_bias_kwargs=dict(box_bias_kwargs or {}), query_relation=query_relation,
+                        query_relation_kwargs=dict(query_relation_kwargs or {}), class_head=model.class_head,
+                        activation=activation, init=init)
     return model

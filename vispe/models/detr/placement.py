@@ -103,8 +103,6 @@ def check_family(pe: str, family: str, placement: Placement, dec_pe: str | None,
                              "carry an additive code (the papers' spatial part) or a rotary one (rotated against "
                              "the anchors); a relative bias needs queries on the grid (for boxes see "
                              "box_bias='boxrpb'). Pass dec_pe='sine' or dec_pe='rope_axial'")
-        if fam == "rotary" and family == "additive" and dec_pe is not None and placement.encoder == "none":
-            return
         return
     if fam not in ("additive", "none"):
         raise ValueError(f"{'dec_pe' if dec_pe is not None else 'pe'}={name!r} is a {fam} encoding, but the "

@@ -23,11 +23,18 @@ area, because their inverse sigmoid is added to the box head's output; they reac
 DAB's feature-map sine uses 20, its anchor sine 10000: DAB-DETR#21). For 4D anchors
 ``A(cx, cy, w, h) = [A((cy, cx)), A((w, h))]`` ([y, x, w, h], the papers' order).
 
-How the anchors meet the memory in cross-attention (``cross``): ``"concat"`` (the papers' spatial
-part, against the keys' additive grid code), ``"rotary"`` (a rotary encoding in the cross-attention:
-queries rotated at the anchor centre, keys at their cells; no spatial part; ``p_q`` is added to the
-first layer's query as in the papers, since the content is still zero there), and optionally a box bias
-(``vispe.models.detr.box_bias``) on top, computed by the decoder layer from the anchors.
+How the anchors meet the memory in cross-attention is the design's ``keys``
+(``vispe.models.detr.designs``): ``"concat"`` (the papers' spatial part, against the keys' additive
+grid code), ``"rotary"`` (a rotary encoding in the cross-attention: queries rotated at the anchor
+centre, keys at their cells; no spatial part), ``"none"`` (keys without position: ``p_q`` only).
+In every case ``p_q`` is added to the cross-attention's query where ``query_pos_in_cross(i)`` says
+so (Conditional: the first layer; DAB: the first, or every layer with ``keep_query_pos``), the one
+rule the decoder layers are built from as well. A box bias (``vispe.models.detr.box_bias``) and a
+box relation (``vispe.models.detr.relation``) need anchor boxes before the first layer
+(``anchor_boxes``).
+
+A new strategy is a subclass with ``design``, ``OPTIONS`` and ``build(options, context)`` and one
+line in ``STRATEGIES``; ``designs.build_design`` checks the options and builds it.
 """
 from __future__ import annotations
 
@@ -38,9 +45,19 @@ from torch import nn
 
 from vispe.attention import PosContext
 from vispe.models.detr.mlp import MLP, inverse_sigmoid
+from vispe.registry import build_in
 
-DESIGNS = ("detr", "conditional", "dab")
-CROSS = ("add", "concat", "rotary")
+KEYS = ("add", "concat", "rotary", "none")  # how the cross-attention's keys carry position (module docstring)
+
+
+@dataclass(frozen=True)
+class StrategyContext:
+    """What a strategy is built for: width, decoder depth, the keys' position and where DETR's queries go."""
+
+    d_model: int
+    num_layers: int
+    keys: str = "add"  # KEYS
+    queries_at: str = "attn"  # DETR's learned query positions: "attn" | "input"
 
 
 @dataclass
@@ -53,15 +70,59 @@ class LayerPositions:
     anchors: torch.Tensor | None = None  # (B|1, Q, 2|4) unit (cx, cy[, w, h])
 
 
+def _bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"decoder_kwargs[{name!r}]={value!r}: expected True or False")
+    return value
+
+
+def _maybe_bool(name: str, value) -> bool | None:
+    return None if value is None else _bool(name, value)
+
+
+def build_anchor_pe(name: str, kwargs: dict, d_model: int):
+    """``A`` of the positioned designs: an additive encoding evaluated at the anchors' unit coordinates
+    with no grid beside them (box sizes have none), checked here by one evaluation, so that an option
+    needing a grid (``center=True``, ``coords`` other than "centered", ...) is refused at build."""
+    anchor_pe = build_in(name, dict(dim=d_model, num_prefix_tokens=0), **kwargs)
+    if anchor_pe.family != "additive" or not anchor_pe.supports_coords:
+        raise ValueError(f"anchor_pe={name!r}: expected an additive encoding that can be evaluated at continuous "
+                         f"coordinates (e.g. 'sine'); {name!r} cannot: {anchor_pe.coords_refusal()}")
+    try:
+        with torch.no_grad():
+            anchor_pe.at(torch.full((1, 1, 2), 0.5))
+    except ValueError as e:
+        raise ValueError(f"anchor_pe={name!r} with anchor_pe_kwargs={kwargs!r}: the anchors' code is evaluated at unit "
+                         f"coordinates without a grid beside them (the boxes' widths and heights have none), and "
+                         f"this encoding needs one: {e}") from e
+    return anchor_pe
+
+
 class QueryPositions(nn.Module):
     """Base: DETR's learned query positions (``design="detr"``). ``queries_at`` "attn" | "input"."""
 
     design = "detr"
+    OPTIONS: frozenset = frozenset()  # the design's decoder_kwargs
+    decoupled = False  # the decoder's attentions project positions with their own weights (q_pos / k_pos)
+    anchor_boxes = False  # anchors are boxes (cx, cy, w, h) before the first layer
+    class_head = "softmax"  # the paper's class head
+    query_dim: int | None = None  # width of the learned query embedding (None: d_model)
+    enc_pos_scale: bool | None = False  # DAB-DETR's encoder scales its additive code by an MLP of the tokens
+    #: (None: where the encoder has an additive code at its attention layers, ``designs``)
+    random_refpoints_xy = False
 
     def __init__(self, d_model: int, *, queries_at: str = "attn") -> None:
         super().__init__()
         self.d_model, self.queries_at = d_model, queries_at
-        self.cross = "add"
+
+    @classmethod
+    def build(cls, options: dict, c: StrategyContext) -> "QueryPositions":
+        """The strategy for ``c`` from ``options`` (decoder_kwargs, checked against ``OPTIONS``; popped)."""
+        return cls(c.d_model, queries_at=c.queries_at)
+
+    def query_pos_in_cross(self, i: int) -> bool:
+        """Whether layer i's cross-attention query gets ``p_q`` (DETR: every layer, when at "attn")."""
+        return self.queries_at == "attn"
 
     def start(self, embed: torch.Tensor, B: int, dtype: torch.dtype):
         """(initial decoder input (B, Q, d), initial anchors or None) from the query embedding."""
@@ -75,6 +136,7 @@ class QueryPositions(nn.Module):
         return LayerPositions(ctx, ctx, memory_ctx)
 
     def refine(self, i: int, t: torch.Tensor, anchors, box_head: nn.Module):
+        """The anchors of layer i + 1 (called between layers only)."""
         return anchors
 
     def boxes(self, raw: torch.Tensor, anchors: list) -> torch.Tensor:
@@ -88,18 +150,37 @@ class PositionedQueries(QueryPositions):
     Args:
         d_model: width.
         anchor_pe: an additive encoding module with ``supports_coords`` (``A`` of the module docstring).
-        cross: "concat" or "rotary" (module docstring).
+        keys: "concat", "rotary" or "none" (module docstring).
         keep_query_pos: add ``p_q`` to the cross-attention's q (and the keys' code to k) in every layer,
             not only the first (DAB's ``keep_query_pos``; Conditional: first layer only).
+        query_scale: build Conditional's ``T`` (``query_scale``), the FFN that scales the spatial query
+            from layer 1 on: only with "concat" keys and more than one decoder layer (else it would be a
+            parameter no step uses, which stops DDP).
     """
 
-    def __init__(self, d_model: int, anchor_pe: nn.Module, *, cross: str = "concat", keep_query_pos: bool = False,
-                 num_layers: int = 2) -> None:
+    decoupled = True
+    class_head = "sigmoid"
+    OPTIONS = frozenset({"anchor_pe", "anchor_pe_kwargs", "keep_query_pos"})
+
+    def __init__(self, d_model: int, anchor_pe: nn.Module, *, keys: str = "concat", keep_query_pos: bool = False,
+                 query_scale: bool = True) -> None:
         super().__init__(d_model)
-        self.anchor_pe, self.cross, self.keep_query_pos = anchor_pe, cross, keep_query_pos
-        # FFN(t) of the spatial query (Conditional's T), used from layer 1 on: none for a one-layer decoder
-        # (a parameter no step uses would stop DDP)
-        self.query_scale = MLP(d_model, d_model, d_model, 2) if num_layers > 1 else None
+        if keys not in KEYS[1:]:
+            raise ValueError(f"keys={keys!r}: expected one of {', '.join(map(repr, KEYS[1:]))}")
+        self.anchor_pe, self.keys, self.keep_query_pos = anchor_pe, keys, keep_query_pos
+        self.query_scale = MLP(d_model, d_model, d_model, 2) if query_scale and keys == "concat" else None
+
+    @staticmethod
+    def _common(options: dict, c: StrategyContext) -> dict:
+        """Options every positioned design takes, popped from ``options``: anchor code, keep_query_pos."""
+        anchor_pe = build_anchor_pe(options.pop("anchor_pe", "sine"), options.pop("anchor_pe_kwargs", {}), c.d_model)
+        keep = _bool("keep_query_pos", options.pop("keep_query_pos", False))
+        return dict(keys=c.keys, keep_query_pos=keep, query_scale=c.num_layers > 1), anchor_pe
+
+    def query_pos_in_cross(self, i: int) -> bool:
+        """The papers' rule: ``p_q`` on the cross-attention's query in the first layer, or in every layer
+        with ``keep_query_pos`` (the decoder layers build their ``q_pos`` projection from it too)."""
+        return i == 0 or self.keep_query_pos
 
     def code(self, anchors: torch.Tensor) -> torch.Tensor:
         """``A`` of unit (cx, cy[, w, h]) anchors: [A(cy, cx)] or [A(cy, cx), A(w, h)].  # (B|1, Q, d or 2d)"""
@@ -113,16 +194,16 @@ class PositionedQueries(QueryPositions):
         return code if i == 0 else code * self.query_scale(t)
 
     def contexts(self, i: int, t: torch.Tensor, pos: torch.Tensor, spatial, anchors, memory_ctx) -> LayerPositions:
-        first = i == 0 or self.keep_query_pos
+        first = self.query_pos_in_cross(i)
         self_ctx = PosContext(pos=pos)
-        if self.cross == "rotary":  # rotated at the anchor centre; keys rotated on their grid
+        if self.keys == "rotary":  # rotated at the anchor centre; keys rotated on their grid
             # p_q on q in the first layer, as the papers: there the content is still zero, and a zero
             # query has nothing to rotate
             cross = PosContext(pos=pos if first else None, coords=anchors[..., [1, 0]].float())
             mem = replace(memory_ctx, pos=None, spatial=None)
-        elif memory_ctx.pos is None:  # keys without position (pe="none"): the queries' p_q only
+        elif self.keys == "none":  # keys without position (pe="none"): the queries' p_q only
             cross = PosContext(pos=pos if first else None)
-            mem = memory_ctx
+            mem = replace(memory_ctx, pos=None, spatial=None)
         else:
             cross = PosContext(pos=pos if first else None, spatial=spatial)
             mem = replace(memory_ctx, pos=memory_ctx.pos if first else None, spatial=memory_ctx.pos)
@@ -137,10 +218,15 @@ class ConditionalQueries(PositionedQueries):
 
     design = "conditional"
 
-    def __init__(self, d_model: int, anchor_pe: nn.Module, *, cross: str = "concat", keep_query_pos: bool = False,
-                 num_layers: int = 2) -> None:
-        super().__init__(d_model, anchor_pe, cross=cross, keep_query_pos=keep_query_pos, num_layers=num_layers)
+    def __init__(self, d_model: int, anchor_pe: nn.Module, *, keys: str = "concat", keep_query_pos: bool = False,
+                 query_scale: bool = True) -> None:
+        super().__init__(d_model, anchor_pe, keys=keys, keep_query_pos=keep_query_pos, query_scale=query_scale)
         self.ref_point_head = MLP(d_model, d_model, 2, 2)  # p_q -> (cx, cy) before the sigmoid
+
+    @classmethod
+    def build(cls, options, c):
+        kw, anchor_pe = cls._common(options, c)
+        return cls(c.d_model, anchor_pe, **kw)
 
     def start(self, embed, B, dtype):
         t, _ = super().start(embed, B, dtype)
@@ -148,7 +234,7 @@ class ConditionalQueries(PositionedQueries):
 
     def layer(self, i, t, embed, anchors, memory_ctx) -> LayerPositions:
         pos = embed[None].to(t.dtype)  # (1, Q, d)
-        spatial = self.spatial(i, t, self.code(anchors)) if self.cross == "concat" else None
+        spatial = self.spatial(i, t, self.code(anchors)) if self.keys == "concat" else None
         return self.contexts(i, t, pos, spatial, anchors, memory_ctx)
 
     def boxes(self, raw, anchors):
@@ -160,24 +246,42 @@ class DabQueries(PositionedQueries):
     """DAB-DETR: learned anchors ``sigmoid(query_embed)``, ``p_q = ref_point_head(A(anchor))``.
 
     Args (besides ``PositionedQueries``'): ``query_dim`` 4 (boxes) or 2 (points); ``modulate_hw``
-    (width/height-modulated attention, needs boxes); ``iter_refine`` (anchors updated by the box head
-    after every layer, detached as the paper).
+    (width/height-modulated attention, needs boxes and the spatial part of "concat" keys; default:
+    on where it applies); ``iter_refine`` (anchors updated by the box head between layers, detached
+    as the paper); ``random_refpoints_xy``, ``enc_pos_scale``: read by the model (``designs``).
     """
 
     design = "dab"
+    OPTIONS = PositionedQueries.OPTIONS | {"query_dim", "modulate_hw", "iter_refine", "random_refpoints_xy",
+                                           "enc_pos_scale"}
 
     def __init__(self, d_model: int, anchor_pe: nn.Module, *, query_dim: int = 4, modulate_hw: bool | None = None,
-                 iter_refine: bool = True, cross: str = "concat", keep_query_pos: bool = False,
-                 num_layers: int = 2) -> None:
-        super().__init__(d_model, anchor_pe, cross=cross, keep_query_pos=keep_query_pos, num_layers=num_layers)
+                 iter_refine: bool = True, keys: str = "concat", keep_query_pos: bool = False,
+                 query_scale: bool = True, random_refpoints_xy: bool = False, enc_pos_scale: bool | None = None) -> None:
+        super().__init__(d_model, anchor_pe, keys=keys, keep_query_pos=keep_query_pos, query_scale=query_scale)
         if query_dim not in (2, 4):
             raise ValueError(f"query_dim={query_dim!r}: expected 4 (anchor boxes cx, cy, w, h) or 2 (points cx, cy)")
-        modulate_hw = query_dim == 4 if modulate_hw is None else modulate_hw
         if modulate_hw and query_dim != 4:
             raise ValueError("modulate_hw=True with query_dim=2: width/height modulation needs anchor boxes (query_dim=4)")
+        if modulate_hw and keys != "concat":
+            raise ValueError(f"modulate_hw=True with {keys!r} keys: width/height modulation scales the spatial part of "
+                             "the query, which only keys with an additive code have (rotary keys are rotated at the "
+                             "anchor centre, keys without position have none); expected modulate_hw=False or None")
+        modulate_hw = query_dim == 4 and keys == "concat" if modulate_hw is None else modulate_hw
         self.query_dim, self.modulate_hw, self.iter_refine = query_dim, bool(modulate_hw), bool(iter_refine)
+        self.anchor_boxes = query_dim == 4
+        self.random_refpoints_xy, self.enc_pos_scale = random_refpoints_xy, enc_pos_scale
         self.ref_point_head = MLP(query_dim // 2 * d_model, d_model, d_model, 2)  # A(anchor) -> p_q
         self.ref_anchor_head = MLP(d_model, d_model, 2, 2) if self.modulate_hw else None  # t -> (w_ref, h_ref)
+
+    @classmethod
+    def build(cls, options, c):
+        kw, anchor_pe = cls._common(options, c)
+        return cls(c.d_model, anchor_pe, query_dim=options.pop("query_dim", 4),
+                   modulate_hw=_maybe_bool("modulate_hw", options.pop("modulate_hw", None)),
+                   iter_refine=_bool("iter_refine", options.pop("iter_refine", True)),
+                   random_refpoints_xy=_bool("random_refpoints_xy", options.pop("random_refpoints_xy", False)),
+                   enc_pos_scale=_maybe_bool("enc_pos_scale", options.pop("enc_pos_scale", None)), **kw)
 
     def start(self, embed, B, dtype):
         t, _ = super().start(embed, B, dtype)
@@ -187,7 +291,7 @@ class DabQueries(PositionedQueries):
         code = self.code(anchors)  # (B|1, Q, query_dim/2 * d)
         pos = self.ref_point_head(code.to(t.dtype))  # (B|1, Q, d)
         spatial = None
-        if self.cross == "concat":
+        if self.keys == "concat":
             spatial = self.spatial(i, t, code)  # (B, Q, d): y channels, then x
             if self.modulate_hw:
                 ref = self.ref_anchor_head(t).sigmoid()  # (B, Q, 2) as (w_ref, h_ref)
@@ -208,3 +312,7 @@ class DabQueries(PositionedQueries):
         qd = self.query_dim
         ref = torch.stack([inverse_sigmoid(a).expand(raw.shape[1], -1, -1) for a in anchors])  # (L, B, Q, qd)
         return torch.cat([raw[..., :qd] + ref, raw[..., qd:]], -1).sigmoid()
+
+
+#: ``create_detr(decoder=...)``: the query-position strategy of each design
+STRATEGIES = {"detr": QueryPositions, "conditional": ConditionalQueries, "dab": DabQueries}

@@ -15,24 +15,38 @@ attention (``attn.pe``), and ``ctx.mask`` (B, h, w) hides padded keys. The atten
 are one fused ``qkv`` Linear (rows q, k, v: ``nn.MultiheadAttention``'s ``in_proj_weight``)
 and ``proj`` (its ``out_proj``); the FFN is timm's ``Mlp`` (``fc1``, ReLU, ``fc2``).
 
-One decoder layer serves every query design (``vispe.models.detr.queries``): ``decoupled=True``
-gives its attentions separate position projections (``q_pos`` / ``k_pos``, Conditional DETR and
-DAB-DETR), ``spatial=True`` the cross-attention's spatial part (``q_spatial``), ``cross_pe`` a
-rotary encoding in the cross-attention, ``box_bias`` a bias from the anchors (BoxRPB). The
-decoder loop asks the strategy for each layer's contexts and lets it refine the anchors.
+One decoder layer serves every query design (``vispe.models.detr.queries``), built from a
+``designs.LayerSpec``: ``decoupled`` gives its attentions separate position projections (``q_pos`` /
+``k_pos``, Conditional DETR and DAB-DETR), ``query_pos`` whether its cross-attention's query takes
+``p_q`` (``q_pos``), and ``cross`` the cross-attention: its operator (``CROSS_OPERATORS``: "dense",
+``vispe.attention.Attention`` over every memory cell), its keys (an additive code through ``k_pos``
+and the spatial part ``q_spatial`` for "concat"; a rotary encoding the model attaches for
+"rotary"; nothing for "none") and a box bias from the anchors (BoxRPB). An operator is called as
+the attention is, ``cross_attn(t, ctx=cross_ctx, memory=..., memory_ctx=..., bias=...)``, where
+``cross_ctx.coords`` (when the strategy sets it) are the queries' anchor centres, unit (y, x): the
+reference points a deformable operator would sample around.
+
+The decoder loop asks the strategy for each layer's contexts and, between layers, for the next
+anchors; with a ``relation`` (Relation-DETR, ``vispe.models.detr.relation``) it biases the
+self-attention of layer i >= 1 by the boxes predicted after the layers before it.
 ``enc_pos_scale`` (DAB-DETR's encoder) scales the encoder's additive code by an MLP of the tokens
 in every layer: ``pos_l = pos * MLP(x_l)``.
 """
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Sequence
 
 import torch
 from timm.layers import Mlp
 from torch import nn
 
 from vispe.attention import Attention, PosContext
+from vispe.encoding import PositionEncoding
+from vispe.models.detr.box_bias import BoxRPB
+from vispe.models.detr.designs import LayerSpec
 from vispe.models.detr.mlp import MLP
+from vispe.models.detr.queries import LayerPositions
 
 
 def _attention(d_model: int, nheads: int, dropout: float, attn_dropout: float, **kw) -> Attention:
@@ -56,57 +70,73 @@ class EncoderLayer(nn.Module):
         return self.norm2(x + self.mlp(x))
 
 
+def dense_cross(d_model: int, nheads: int, dropout: float, attn_dropout: float, spec: LayerSpec) -> Attention:
+    """Dense cross-attention: every query against every memory cell, with the projections ``spec`` uses."""
+    keys = spec.cross.keys
+    return _attention(d_model, nheads, dropout, attn_dropout, q_pos=spec.decoupled and spec.query_pos,
+                      k_pos=spec.decoupled and keys == "concat", spatial=keys == "concat")
+
+
+#: cross-attention operators by ``CrossSpec.operator``: (d_model, nheads, dropout, attn_dropout, spec) -> module
+CROSS_OPERATORS = {"dense": dense_cross}
+
+
 class DecoderLayer(nn.Module):
-    """DETR's post-norm decoder layer; the options place the positions of positioned queries (module docstring)."""
+    """DETR's post-norm decoder layer; ``spec`` places the positions of positioned queries (module docstring)."""
 
     def __init__(self, d_model: int, nheads: int, dim_feedforward: int, dropout: float, attn_dropout: float,
-                 activation: str = "relu", *, decoupled: bool = False, cross_query_pos: bool = True, spatial: bool = False,
-                 cross_pe=None, box_bias: nn.Module | None = None) -> None:
+                 activation: str = "relu", spec: LayerSpec | None = None) -> None:
         super().__init__()
-        self.self_attn = _attention(d_model, nheads, dropout, attn_dropout, q_pos=decoupled, k_pos=decoupled)
+        spec = spec or LayerSpec()
+        # the box bias is built first and registered last: the random draws of vispe's layers before
+        # issue 35, so that init="legacy" reproduces them
+        box_bias = BoxRPB(nheads, **spec.cross.box_bias) if spec.cross.box_bias is not None else None
+        self.self_attn = _attention(d_model, nheads, dropout, attn_dropout, q_pos=spec.decoupled, k_pos=spec.decoupled)
         self.norm1 = nn.LayerNorm(d_model)
-        self.cross_attn = _attention(d_model, nheads, dropout, attn_dropout, q_pos=decoupled and cross_query_pos,
-                                     k_pos=decoupled, spatial=spatial, pe=cross_pe)
+        self.cross_attn = CROSS_OPERATORS[spec.cross.operator](d_model, nheads, dropout, attn_dropout, spec)
         self.norm2 = nn.LayerNorm(d_model)
         self.mlp = Mlp(d_model, dim_feedforward, act_layer=ACTIVATIONS[activation], drop=dropout)
         self.norm3 = nn.LayerNorm(d_model)
         self.box_bias = box_bias
 
-    def forward(self, t: torch.Tensor, query_ctx: PosContext, memory: torch.Tensor, memory_ctx: PosContext, *,
-                cross_ctx: PosContext | None = None, anchors: torch.Tensor | None = None) -> torch.Tensor:  # (B, Q, d)
+    def forward(self, t: torch.Tensor, p: LayerPositions, memory: torch.Tensor, *,
+                self_bias: torch.Tensor | None = None) -> torch.Tensor:  # (B, Q, d)
+        """``p``: the strategy's contexts for this layer; ``self_bias`` (B, heads, Q, Q) on the self-attention."""
         bias = None
         if self.box_bias is not None:
-            bias = self.box_bias(anchors, memory_ctx.shape, memory_ctx.mask).to(t.dtype)  # (B, heads, Q, h*w)
-        t = self.norm1(t + self.self_attn(t, ctx=query_ctx))
-        t = self.norm2(t + self.cross_attn(t, ctx=query_ctx if cross_ctx is None else cross_ctx, memory=memory,
-                                           memory_ctx=memory_ctx, bias=bias))
+            bias = self.box_bias(p.anchors, p.memory_ctx.shape, p.memory_ctx.mask).to(t.dtype)  # (B, heads, Q, h*w)
+        t = self.norm1(t + self.self_attn(t, ctx=p.self_ctx, bias=self_bias))
+        t = self.norm2(t + self.cross_attn(t, ctx=p.cross_ctx, memory=memory, memory_ctx=p.memory_ctx, bias=bias))
         return self.norm3(t + self.mlp(t))
 
 
 class Transformer(nn.Module):
-    """``enc_layers`` encoder layers and ``dec_layers`` decoder layers with a final decoder norm."""
+    """``enc_layers`` encoder layers and a decoder with a final norm: ``dec_layers`` DETR layers, or one
+    layer per ``LayerSpec`` of a design (``designs.Design.layers()``)."""
 
-    def __init__(self, d_model: int = 256, nheads: int = 8, enc_layers: int = 6, dec_layers: int = 6,
+    def __init__(self, d_model: int = 256, nheads: int = 8, enc_layers: int = 6, dec_layers: int | Sequence[LayerSpec] = 6,
                  dim_feedforward: int = 2048, dropout: float = 0.1, attn_dropout: float | None = None, *,
-                 layer_kwargs=None, enc_pos_scale: bool = False, activation: str = "relu") -> None:
-        """``layer_kwargs(i)`` gives decoder layer i's options (``DecoderLayer``); None: DETR's layers."""
+                 enc_pos_scale: bool = False, activation: str = "relu") -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation={activation!r}: expected one of {', '.join(map(repr, ACTIVATIONS))}")
         attn_dropout = dropout if attn_dropout is None else attn_dropout  # DETR: nn.MultiheadAttention(dropout=0.1)
         args = (d_model, nheads, dim_feedforward, dropout, attn_dropout, activation)
+        specs = [LayerSpec()] * dec_layers if isinstance(dec_layers, int) else list(dec_layers)
         self.encoder = nn.ModuleList(EncoderLayer(*args) for _ in range(enc_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(*args, **(layer_kwargs(i) if layer_kwargs else {}))
-                                     for i in range(dec_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(*args, spec=s) for s in specs)
         self.decoder_norm = nn.LayerNorm(d_model)
         self.enc_pos_scale = MLP(d_model, d_model, d_model, 2) if enc_pos_scale else None
+        self.relation = None  # Relation-DETR's PositionRelation, set by create_detr (built last, own init)
         self.d_model, self.nheads = d_model, nheads
         self._reset_parameters()
 
     def _reset_parameters(self) -> None:
-        """DETR's init: Xavier-uniform for every matrix, zero attention biases (as nn.MultiheadAttention)."""
+        """DETR's init: Xavier-uniform for every matrix of the transformer's own layers, zero attention
+        biases (as nn.MultiheadAttention); encodings attached to its attentions keep their own."""
+        own = {id(p) for m in self.modules() if isinstance(m, PositionEncoding) for p in m.parameters()}
         for p in self.parameters():
-            if p.dim() > 1:
+            if p.dim() > 1 and id(p) not in own:
                 nn.init.xavier_uniform_(p)
         for m in self.modules():
             if isinstance(m, Attention):
@@ -124,11 +154,21 @@ class Transformer(nn.Module):
         """Decoder outputs after every layer (``intermediate``) or the last only, and the anchors each
         layer used (``queries``: a ``vispe.models.detr.queries`` strategy).  # (L|1, B, Q, d), [anchors]"""
         outs, used = [], []
+        last = len(self.decoder) - 1
+        self_bias, before = None, anchors  # the relation's boxes before the previous layer
         for i, layer in enumerate(self.decoder):
             p = queries.layer(i, t, embed, anchors, memory_ctx)
-            t = layer(t, p.self_ctx, memory, p.memory_ctx, cross_ctx=p.cross_ctx, anchors=p.anchors)
-            if intermediate or i == len(self.decoder) - 1:
-                outs.append(self.decoder_norm(t))
+            t = layer(t, p, memory, self_bias=self_bias)
+            normed = self.decoder_norm(t) if intermediate or i == last or self.relation is not None else None
+            if intermediate or i == last:
+                outs.append(normed)
                 used.append(anchors)
+            if i == last:
+                break
+            if self.relation is not None:
+                with torch.no_grad():
+                    boxes = queries.boxes(box_head(normed)[None], [anchors])[0]  # (B, Q, 4) this layer's predictions
+                self_bias = self.relation(before, boxes).to(t.dtype)  # (B, heads, Q, Q)
+                before = boxes
             anchors = queries.refine(i, t, anchors, box_head)
         return torch.stack(outs), used
