@@ -64,10 +64,10 @@ def part_exp(rounds: int, iters: int) -> None:
     encs = {"liere": build_in("liere", ctx), "comrope": build_in("comrope", ctx), "string": build_in("string", ctx)}
 
     def coords_of(pe):  # the coordinates each encoding's angles() receives, per image  # (B, N, 2)
-        from vispe.coords import valid_coords
+        from vispe.coords import valid_coords, valid_extent
 
         c = valid_coords((h, w), mask, pe.coords)
-        return pe.convention(c, pe._extent((h, w), mask, None)) if pe.has_convention else c
+        return pe.convention(c, valid_extent(mask, (h, w), None)[:, None]) if pe.has_convention else c
 
     def reference(pe):  # every token of every image: one matrix_exp of its dense generator
         c = coords_of(pe)  # (B, N, 2)

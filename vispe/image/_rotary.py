@@ -238,7 +238,7 @@ class RotaryBase(RotaryEncoding):
     def grid_angles(self, shape: tuple[int, int], mask: torch.Tensor | None, device: torch.device) -> torch.Tensor:
         coords = valid_coords(shape, mask, self.coords, device=device)  # (B|1, N, 2)
         if self.has_convention:
-            coords = self.convention(coords, self._extent(shape, mask, device))  # (B|1, N, 2)
+            coords = self.convention(coords, valid_extent(mask, shape, device)[:, None])  # (B|1, N, 2)
         if self.normalize_coords != "separate":  # (c + 1) / 2 * n = i + 0.5, then over min / max side
             n = valid_extent(mask, shape, device)[:, None]  # (B|1, 1, 2)
             d = n.amin(-1, keepdim=True) if self.normalize_coords == "min" else n.amax(-1, keepdim=True)  # (B|1, 1, 1)
