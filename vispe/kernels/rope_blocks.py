@@ -34,7 +34,11 @@ def _work_dtype(*ts: torch.Tensor) -> torch.dtype:
 
 
 def apply_blocks(x: torch.Tensor, R: torch.Tensor, layout: str = "interleaved") -> torch.Tensor:
-    """``x`` (..., L, d) rotated by the block rotations ``R`` (broadcastable to (..., L, d/b, b, b)).  # x.shape"""
+    """``x`` (..., L, d) rotated by the block rotations ``R`` (broadcastable to (..., L, d/b, b, b)).  # x.shape
+
+    One batched product ``R @ X`` whose columns X are every vector that shares a rotation (the
+    dimensions R broadcasts over, e.g. q and k and the images of a batch without a mask), so R is
+    never copied per image (``torch.matmul`` would expand it to x's batch first)."""
     d, b = x.shape[-1], R.shape[-1]
     if R.shape[-2] != b or R.shape[-3] * b != d:
         raise ValueError(f"R has shape {tuple(R.shape)}: expected (..., {d} / b, b, b) for x {tuple(x.shape)}")
@@ -44,9 +48,29 @@ def apply_blocks(x: torch.Tensor, R: torch.Tensor, layout: str = "interleaved") 
         xg = xw.unflatten(-1, (d // b, b))  # (..., L, nb, b)
     else:
         xg = xw.unflatten(-1, (b, d // b)).transpose(-1, -2)  # (..., L, nb, b): block j = channels j + i d/b
-    out = torch.matmul(R.to(wd), xg.unsqueeze(-1)).squeeze(-1)  # (..., L, nb, b)
+    out = _shared_matmul(R.to(wd), xg)  # (..., L, nb, b)
     out = out.flatten(-2) if layout == "interleaved" else out.transpose(-1, -2).flatten(-2)
     return out.to(x.dtype)
+
+
+def _shared_matmul(R: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``R @ v`` per leading index, R (*lr, b, b) and v (*lv, b) broadcast against each other: the
+    dimensions where R has size 1 become columns of one matrix product.  # broadcast(lr, lv) + (b,)"""
+    b = R.shape[-1]
+    lead = torch.broadcast_shapes(R.shape[:-2], v.shape[:-1])
+    n = len(lead)
+    R = R.reshape((1,) * (n - R.dim() + 2) + tuple(R.shape))
+    v = v.reshape((1,) * (n - v.dim() + 1) + tuple(v.shape))
+    cols = [i for i in range(n) if R.shape[i] == 1 and lead[i] != 1]
+    rows = [i for i in range(n) if i not in cols]
+    v = v.expand(*[lead[i] if i in rows else v.shape[i] for i in range(n)], b)
+    vp = v.permute(*rows, n, *cols).reshape(*[lead[i] for i in rows], b, -1)  # (*rows, b, C)
+    Rp = R.expand(*[lead[i] if i in rows else 1 for i in range(n)], b, b)
+    Rp = Rp.permute(*rows, *cols, n, n + 1).reshape(*[lead[i] for i in rows], b, b)  # (*rows, b, b)
+    out = torch.matmul(Rp, vp)  # (*rows, b, C)
+    out = out.reshape(*[lead[i] for i in rows], b, *[lead[i] for i in cols])
+    order = rows + [n] + cols  # where each dimension of ``out`` sits in (lead..., b)
+    return out.permute(*[order.index(i) for i in range(n + 1)])
 
 
 def with_prefix(R: torch.Tensor, num_prefix_tokens: int, zero: torch.Tensor | None = None) -> torch.Tensor:
