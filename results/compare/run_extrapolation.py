@@ -239,16 +239,59 @@ def table() -> str:
     return "\n".join(lines) + "\n" + meta
 
 
+#: the papers' orderings, as (claim, encoding A as trained, encoding B as trained, sizes (H, W)):
+#: A above B at those sizes (extrapolation.md gives the sources)
+CLAIMS = [
+    ("LookHere above 2D-RoPE far past the training size (LookHere: +21.7 at 1024 px from 224 px)",
+     "lookhere", "rope_axial", [(64, 64), (128, 128)]),
+    ("ComRoPE above LieRE at the training size (ComRoPE: +1.6)", "comrope", "liere", [(32, 32)]),
+    ("ComRoPE above LieRE at higher sizes (ComRoPE: +2.9)", "comrope", "liere", [(48, 48), (64, 64), (128, 128)]),
+    ("LieRE above RoPE-Mixed at higher sizes (LieRE: better resolution generalisation)", "liere", "rope_mixed",
+     [(48, 48), (64, 64), (128, 128)]),
+    ("LieRE above an absolute table, DeiT-III's (LieRE: up to +9.7% relative)", "liere", "learned_abs",
+     [(32, 32), (48, 48), (64, 64), (128, 128)]),
+    ("STRING above RoPE-Mixed at the training size (STRING, ImageNet)", "string", "rope_mixed", [(32, 32)]),
+]
+
+
+def claims() -> str:
+    """Each claim's difference of means (A - B) per size, and in units of the seeds' spread (the
+    pooled standard deviation, sqrt((s_A^2 + s_B^2) / 2))."""
+    import numpy as np
+    import pandas as pd
+
+    path = HERE / "data" / f"extrapolation_{TASK}.csv"
+    if not path.exists():
+        return "(no data yet)"
+    df = pd.read_csv(path)
+    df = df[df.variant == "as trained"]
+    lines = ["| the papers' ordering (A above B) | size | A | B | A - B | in seeds' spreads | agrees? |",
+             "|---|---|---|---|---|---|---|"]
+    for claim, a, b, sizes in CLAIMS:
+        for h, w in sizes:
+            va = df[(df.encoding == a) & (df.height == h) & (df.width == w)].acc.to_numpy()
+            vb = df[(df.encoding == b) & (df.height == h) & (df.width == w)].acc.to_numpy()
+            if len(va) < 2 or len(vb) < 2:
+                continue
+            diff = va.mean() - vb.mean()
+            spread = float(np.sqrt((va.std(ddof=1) ** 2 + vb.std(ddof=1) ** 2) / 2))
+            units = diff / spread if spread > 0 else (0.0 if diff == 0 else float("inf") * np.sign(diff))
+            verdict = ("yes" if units >= 2 else "no: reversed" if units <= -2 else "tie (within 2 spreads)")
+            lines.append(f"| {claim} | {h}px | {va.mean():.3f} | {vb.mean():.3f} | {diff:+.3f} | "
+                         f"{units:+.1f} | {verdict} |")
+    return "\n".join(lines)
+
+
 def write_md() -> None:
     md = HERE / "extrapolation.md"
     text = md.read_text() if md.exists() else "# Resolution extrapolation (issue 38)\n"
-    begin, end = f"<!-- BEGIN extrapolation:{TASK} -->", f"<!-- END extrapolation:{TASK} -->"
-    body = table()
-    if begin in text:
-        pre, rest = text.split(begin, 1)
-        text = pre + begin + "\n" + body + "\n" + end + rest.split(end, 1)[1]
-    else:
-        text += f"\n{begin}\n{body}\n{end}\n"
+    for key, body in ((f"extrapolation:{TASK}", table()), (f"claims:{TASK}", claims())):
+        begin, end = f"<!-- BEGIN {key} -->", f"<!-- END {key} -->"
+        if begin in text:
+            pre, rest = text.split(begin, 1)
+            text = pre + begin + "\n" + body + "\n" + end + rest.split(end, 1)[1]
+        else:
+            text += f"\n{begin}\n{body}\n{end}\n"
     md.write_text(text)
     print("wrote", md)
 
