@@ -6,7 +6,7 @@
     python train.py --config runs/default/config.yaml --resume # continue a run after a stop or crash
     torchrun --nproc_per_node 4 train.py --config configs/cifar10_vit.yaml
 
-``python`` is the project environment's (README: activate .venv, or write python3 bootstrap.py).
+``python`` is the project environment's (docs/install.md: activate .venv, or write python3 bootstrap.py).
 Each override is ``section.key=value`` (see vispe/train/config.py for every key); a misspelt key
 or a wrong type is refused. The run folder ``runs/<train.run_name>/`` receives the resolved config,
 and one sub-folder per encoding (``model.pe`` then ``train.compare``) with its checkpoint,
@@ -30,9 +30,11 @@ if "torch" not in sys.modules:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from vispe.data.common import DataFileError  # noqa: E402
-from vispe.train import config as C  # noqa: E402
-from vispe.train import distributed as D
-from vispe.train import rundir
+from vispe.train import (
+    config as C,  # noqa: E402
+    distributed as D,
+    rundir,
+)
 from vispe.train.checkpoint import CheckpointError
 from vispe.train.engine import Interrupted, resolve_amp, resolve_device
 from vispe.train.logging import WriteError, atomic_write, comparison_table, plot_comparison
@@ -40,7 +42,7 @@ from vispe.train.runner import SetupError, build_data, build_model, run_encoding
 from vispe.train.tasks import get_task
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
-#: how to continue a stopped run, as the README writes it (its stored config: any overrides included)
+#: how to continue a stopped run, as the documentation writes it (docs/guides/train.md) (its stored config: any overrides included)
 RESUME_HINT = "python train.py --config {config} --resume"
 USER_ERRORS = (C.ConfigError, CheckpointError, rundir.RunFolderError, SetupError)
 

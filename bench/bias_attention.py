@@ -27,9 +27,9 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # this checkout's vispe, then bench/_common
-from _common import interleaved, machine, ms, ratio  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from _common import interleaved, machine, ms, ratio  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from vispe.image.relbias import RelBias  # noqa: E402
@@ -125,7 +125,7 @@ def main(argv=None) -> None:
         for n in skipped:
             print(f"| {g}x{g} | {N} | {n} | reference | skipped: the math kernel would need about "
                   f"{math_bytes / 2**30:.1f} GiB (--max-gb {args.max_gb:g}) | | | | |")
-        del q, k, v, ours, theirs, params
+        q = k = v = ours = theirs = params = None  # free this grid's tensors before the next (not del: the closures above name them)
 
 
 if __name__ == "__main__":

@@ -31,10 +31,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import interleaved, machine, ms, positive_args, ratio, spread  # noqa: E402  (before torch)
-
 import torch  # noqa: E402
 import torch._dynamo.utils as dynamo_utils  # noqa: E402
+from _common import interleaved, machine, ms, positive_args, ratio, spread  # noqa: E402  (before torch)
 
 ROOT = Path(__file__).resolve().parents[1]
 ENCODINGS = ["sine", "learned_abs", "rope_axial", "rope_mixed", "relbias"]
@@ -94,8 +93,8 @@ def detr_steps(n_batches: int, dynamic: bool):
     """Eager, compiled (default) and, when asked, compiled ``dynamic=True`` DETR steps over
     ``n_batches`` real training batches of configs/shapes_detr.yaml, and their compile costs."""
     from vispe.train import loaders
-    from vispe.train.distributed import DistInfo
     from vispe.train.config import load_config
+    from vispe.train.distributed import DistInfo
     from vispe.train.runner import build_data, build_model
     from vispe.train.tasks import get_task
 

@@ -22,7 +22,10 @@ import _common as C  # noqa: I001  (sets OMP_WAIT_POLICY before torch is importe
 import torch
 from torch import nn
 from transformers import DeformableDetrConfig
-from transformers.models.deformable_detr.modeling_deformable_detr import DeformableDetrDecoderLayer, DeformableDetrEncoder
+from transformers.models.deformable_detr.modeling_deformable_detr import (
+    DeformableDetrDecoderLayer,
+    DeformableDetrEncoder,
+)
 
 from vispe.coords import points_at_levels, resize_mask, valid_ratios
 from vispe.kernels.deformable import Levels, swap_xy

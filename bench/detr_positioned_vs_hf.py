@@ -17,10 +17,13 @@ import argparse
 
 import _common as C  # noqa: I001  (sets OMP_WAIT_POLICY before torch is imported)
 import torch
-from transformers import (ConditionalDetrConfig, ConditionalDetrForObjectDetection, DabDetrConfig,
-                          DabDetrForObjectDetection)
-
 from detr_step import inputs  # the same padded batch as the DETR bench
+from transformers import (
+    ConditionalDetrConfig,
+    ConditionalDetrForObjectDetection,
+    DabDetrConfig,
+    DabDetrForObjectDetection,
+)
 
 from vispe.models.detr import load_detr
 

@@ -20,10 +20,9 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # this checkout's vispe, then bench/_common
-from _common import machine, positive_args, train_step  # noqa: E402
 import torch  # noqa: E402
+from _common import machine, positive_args, train_step  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
-
 from vit_vs_timm import COMMON, timm_model, vispe_model  # noqa: E402
 
 

@@ -23,10 +23,9 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # this checkout's vispe, then bench/_common
-from _common import interleaved, machine, ratio, train_step  # noqa: E402
 import torch  # noqa: E402
+from _common import interleaved, machine, ratio, train_step  # noqa: E402
 
-from vispe import lie  # noqa: E402
 from vispe.models.vit import create_vit  # noqa: E402
 from vispe.registry import build_in  # noqa: E402
 

@@ -23,9 +23,9 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # this checkout's vispe, then bench/_common
-from _common import interleaved, machine, ms, ratio  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from _common import interleaved, machine, ms, ratio  # noqa: E402
 
 from vispe.image.rope_axial import RopeAxial  # noqa: E402
 from vispe.image.rope_mixed import RopeMixed  # noqa: E402

@@ -36,8 +36,8 @@ sys.path[:0] = [HERE, ROOT]
 
 def child(args) -> None:
     import torch  # before _common, which would otherwise set OMP_WAIT_POLICY for this child
-
     from _common import train_step
+
     from vispe.models.vit import create_vit
     from vispe.train.config import load_config
     from vispe.train.threads import apply_threads

@@ -23,8 +23,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # this checkout's vispe, then bench/_common
-from _common import interleaved, machine, ms, positive_args, ratio, spread, train_step  # noqa: E402
 import torch  # noqa: E402
+from _common import interleaved, machine, ms, positive_args, ratio, spread, train_step  # noqa: E402
 
 from vispe.models.vit import create_vit  # noqa: E402
 
@@ -101,7 +101,7 @@ def main(argv=None) -> None:
           f"in {args.clock} time (round-to-round spread); timm none: {ms(times, base):.0f} ms/step (wall)")
     print("| encoding | timm model | timm ratio | vispe ratio | vispe quartiles | vispe / timm | target (vispe ratio) | vispe ms/step (wall) |")
     print("|---|---|---|---|---|---|---|---|")
-    for row, timm_name, pe, target in ROWS:
+    for row, timm_name, _pe, target in ROWS:
         def cell(name, base):
             if name is None:
                 return "-", None

@@ -52,21 +52,29 @@ def encoding_name(request):
     return request.param
 
 
-def load_train_main():
-    """``main`` of the repository's train.py (a script, not a module of the package)."""
-    spec = importlib.util.spec_from_file_location("vispe_train_script", Path(__file__).resolve().parents[1] / "train.py")
+def load_script(relpath: str, name: str | None = None):
+    """A file of the repository that is not part of the package (train.py, results/compare/*.py,
+    docs/hooks.py), loaded as a module."""
+    path = Path(__file__).resolve().parents[1] / relpath
+    spec = importlib.util.spec_from_file_location(name or path.stem, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.main
+    return mod
+
+
+def load_train_main():
+    """``main`` of the repository's train.py (a script, not a module of the package)."""
+    return load_script("train.py", "vispe_train_script").main
 
 
 def load_compare_script(name: str):
     """``results/compare/<name>.py`` as a module (scripts beside the results, not part of the package)."""
-    path = Path(__file__).resolve().parents[1] / "results" / "compare" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(f"results/compare/{name}.py", name)
+
+
+def load_docs_hooks():
+    """docs/hooks.py, the site's build hooks (its table and link functions import no mkdocs)."""
+    return load_script("docs/hooks.py", "vispe_docs_hooks")
 
 
 def md_block(md: Path, name: str) -> str | None:

@@ -12,8 +12,13 @@ import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from conftest import build_for_test  # noqa: E402
-from vispe.analysis import attention_distance as AD  # noqa: E402
-from vispe.analysis import codes, decay, similarity, tables  # noqa: E402
+from vispe.analysis import (  # noqa: E402
+    attention_distance as AD,  # noqa: E402
+    codes,
+    decay,
+    similarity,
+    tables,
+)
 from vispe.models.vit import create_vit  # noqa: E402
 
 SHAPE = (3, 5)  # non-square: a (y, x) slip shows

@@ -15,8 +15,7 @@ from vispe.axis.ode import ODEEncoding1d, RecurrentEncoding1d
 from vispe.axis.relative import clipped_index, relative_offsets, t5_bucket
 from vispe.axis.rope import apply_rope, half_to_interleaved, rope_angles, rope_frequencies
 from vispe.axis.shaw import ShawRelative
-from vispe.axis.sinusoidal import (normalized_index, raw_index, single_sinusoid, sinusoid_frequencies,
-                                   sinusoidal)
+from vispe.axis.sinusoidal import normalized_index, raw_index, single_sinusoid, sinusoid_frequencies, sinusoidal
 from vispe.axis.t5 import T5RelativeBias
 from vispe.axis.transformer_xl import TransformerXLRelative
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import execute_notebook
 
 ROOT = Path(__file__).resolve().parents[1]

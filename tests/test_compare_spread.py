@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
 from conftest import md_block
 
 HERE = Path(__file__).resolve().parents[1] / "results" / "compare"

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+
 from conftest import load_compare_script, md_block
 
 HERE = Path(__file__).resolve().parents[1] / "results" / "compare"

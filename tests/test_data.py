@@ -15,8 +15,7 @@ from sklearn.datasets import load_digits
 from sklearn.linear_model import LogisticRegression
 from sklearn.neighbors import KNeighborsClassifier
 
-from vispe.data import available_datasets, build_dataset, dataset_info, write_miniature_cifar10
-from vispe.data import cifar10 as cifar_mod
+from vispe.data import available_datasets, build_dataset, cifar10 as cifar_mod, dataset_info, write_miniature_cifar10
 from vispe.data.digits_canvas import source_indices
 
 DIGITS = ["digits_class", "digits_cell", "digits_relative", "digits_content_position"]

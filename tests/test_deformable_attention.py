@@ -128,7 +128,7 @@ def perturbed_hf_attention(L, M=4, P=3, d=32, seed=0):
                                backbone_config={"model_type": "resnet"})
     hf = DeformableDetrMultiscaleDeformableAttention(cfg, num_heads=M, n_points=P).eval()
     with torch.no_grad():
-        for name, p in hf.named_parameters():  # every parameter perturbed, O(1) activations
+        for p in hf.parameters():  # every parameter perturbed, O(1) activations
             p.normal_(0, (1.0 / p.shape[-1] ** 0.5 if p.dim() > 1 else 0.3))
     return hf
 

@@ -3,14 +3,17 @@ with offset -0.5 (vispe's ``sine``) and the level embedding (LevelPositions), ag
 functions, position by position on non-square padded maps."""
 import pytest
 import torch
-from transformers.models.deformable_detr.modeling_deformable_detr import (DeformableDetrEncoder, DeformableDetrModel,
-                                                                          DeformableDetrSinePositionEmbedding)
+from transformers.models.deformable_detr.modeling_deformable_detr import (
+    DeformableDetrEncoder,
+    DeformableDetrModel,
+    DeformableDetrSinePositionEmbedding,
+)
 
 import vispe
-from vispe.registry import build_in
 from vispe.coords import level_reference_points, points_at_levels, resize_mask, valid_ratios
 from vispe.kernels.deformable import Levels
 from vispe.models.detr.level_pos import DEFORMABLE_SINE, LevelPositions
+from vispe.registry import build_in
 
 STRIDES = (8, 16, 32, 64)
 

@@ -54,8 +54,8 @@ def test_batched_equals_per_image_and_empty_images():
     boxes = torch.stack([c[1] for c in cases])
     targets = [c[2] for c in cases]
     batched = matcher({"pred_logits": logits, "pred_boxes": boxes}, targets)
-    for b, (l, bx, t) in enumerate(cases):
-        (rows, cols), = matcher({"pred_logits": l[None], "pred_boxes": bx[None]}, [t])
+    for b, (lg, bx, t) in enumerate(cases):
+        (rows, cols), = matcher({"pred_logits": lg[None], "pred_boxes": bx[None]}, [t])
         assert torch.equal(batched[b][0], rows) and torch.equal(batched[b][1], cols)
     assert batched[1][0].numel() == 0 and batched[1][0].dtype == torch.int64
     none = matcher({"pred_logits": logits[:1], "pred_boxes": boxes[:1]}, [targets[1]])

@@ -10,10 +10,15 @@ import re
 
 import pytest
 import torch
-
-from test_detr_positioned_reference import (assert_outputs_equal, conditional_reference, dab_reference,
-                                            hf_conditional, hf_dab)
+from test_detr_positioned_reference import (
+    assert_outputs_equal,
+    conditional_reference,
+    dab_reference,
+    hf_conditional,
+    hf_dab,
+)
 from test_detr_reference import batch
+
 from vispe.models.detr import load_detr
 
 _BACKBONE = [(r"^model\.backbone\.(?:conv_encoder\.)?model\.(?:_backbone\.)?", "backbone.0.body.")]

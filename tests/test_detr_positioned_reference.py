@@ -3,10 +3,16 @@ weights (nothing downloaded), loaded with ``load_detr``: final and auxiliary out
 non-square batch; bare state_dicts; refusals."""
 import pytest
 import torch
-from transformers import (ConditionalDetrConfig, ConditionalDetrForObjectDetection, DabDetrConfig,
-                          DabDetrForObjectDetection, DetrConfig, DetrForObjectDetection)
-
 from test_detr_reference import batch  # two non-square images, the second padded bottom/right
+from transformers import (
+    ConditionalDetrConfig,
+    ConditionalDetrForObjectDetection,
+    DabDetrConfig,
+    DabDetrForObjectDetection,
+    DetrConfig,
+    DetrForObjectDetection,
+)
+
 from vispe.models.detr import load_detr
 from vispe.models.detr.mlp import inverse_sigmoid
 

@@ -101,6 +101,7 @@ def test_torchscript_is_refused_clearly_and_peg_traces():
 def test_eager_results_do_not_depend_on_the_tracing_helpers():
     """The same-size identity and the shrink-only antialias rule, as before export support."""
     import torch.nn.functional as F
+
     from vispe import _tracing
 
     t = torch.randn(1, 4, 5, 6)

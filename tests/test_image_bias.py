@@ -5,8 +5,11 @@ import math
 
 import pytest
 import torch
-from timm.layers.pos_embed_rel import (gen_relative_log_coords, gen_relative_position_index,
-                                       resize_rel_pos_bias_table_simple)
+from timm.layers.pos_embed_rel import (
+    gen_relative_log_coords,
+    gen_relative_position_index,
+    resize_rel_pos_bias_table_simple,
+)
 
 import vispe
 from vispe.encoding import GRID_KEY

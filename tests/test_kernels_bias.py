@@ -66,7 +66,7 @@ def test_attention_chunked_equals_reference_with_prefix_tokens_and_padding(name,
     P, (h, w), C, H = 1, (3, 4), 16, 2
     pe = build_in(name, dict(dim=C, num_heads=H, head_dim=C // H, grid=(h, w), num_prefix_tokens=P), **kw)
     with torch.no_grad():  # prefix scalars start at zero: make them matter
-        for p_name, p in pe.named_parameters():
+        for p in pe.parameters():
             p.add_(torch.randn_like(p) * 0.1)
     mask = torch.zeros(2, h, w, dtype=torch.bool)
     mask[1, :, 3] = True

@@ -99,7 +99,7 @@ def test_input_projection_levels_names_and_masks():
     proj = InputProjection([16, 32], 64, 4)
     assert [k for k in proj.state_dict() if k.endswith("weight")] == [f"{l}.{i}.weight" for l in range(4) for i in (0, 1)]
     assert proj[2][0].stride == (2, 2) and proj[3][0].in_channels == 64 and proj[2][0].in_channels == 32
-    x, mask = torch.randn(2, 3, 64, 96), torch.zeros(2, 64, 96, dtype=torch.bool)
+    mask = torch.zeros(2, 64, 96, dtype=torch.bool)
     mask[1, 40:] = True
     feats = [(torch.randn(2, 16, 16, 24), resize_mask(mask, (16, 24))), (torch.randn(2, 32, 8, 12), resize_mask(mask, (8, 12)))]
     maps, masks = proj(feats, mask)

@@ -11,9 +11,24 @@ import torchvision
 from scipy.stats import spearmanr
 from torch import nn
 
-from vispe.probes import (ExperimentConfig, ProbeSettings, ReadoutProbe, build_backbone, build_vit_backbone,
-                          fit_probe, flat, mae, make_inputs, parse_vit_spec, probe_model,
-                          spc, stack_features, swap_padding, target_map, target_stack)
+from vispe.probes import (
+    ExperimentConfig,
+    ProbeSettings,
+    ReadoutProbe,
+    build_backbone,
+    build_vit_backbone,
+    fit_probe,
+    flat,
+    mae,
+    make_inputs,
+    parse_vit_spec,
+    probe_model,
+    spc,
+    stack_features,
+    swap_padding,
+    target_map,
+    target_stack,
+)
 from vispe.probes.backbones import CropResidual, PadPool, spatial_out
 from vispe.probes.readout import centre_crop
 from vispe.probes.runner import main

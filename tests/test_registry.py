@@ -3,8 +3,8 @@ import pytest
 import torch
 
 import vispe
-from vispe.encoding import FAMILIES, GRID_KEY
 from conftest import DIM, attend, build_for_test
+from vispe.encoding import FAMILIES, GRID_KEY
 
 GRIDS = [(1, 1), (3, 5), (5, 3), (32, 32)]
 
@@ -64,7 +64,7 @@ def test_all_padding_rows_and_images_give_no_nan(encoding_name):
 
 
 #: encodings (as built here) whose learned tables are grid-sized: their state_dict records the grid
-GRID_RECORDED = {"learned_abs", "learned_rowcol", "relbias", "liere"}  # liere: the grid its coordinates are built for
+GRID_RECORDED = {"learned_abs", "learned_rowcol", "relbias", "relpos_decomposed", "liere"}  # liere: the grid its coordinates are built for
 
 
 def test_state_dict_holds_only_learned_tensors_and_round_trips(encoding_name):

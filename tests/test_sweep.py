@@ -109,7 +109,7 @@ def test_bad_arguments_are_refused_before_anything_runs(tmp_path, capsys, extra,
 
 @pytest.mark.slow
 def test_dry_run_lists_states(swept, capsys):
-    out, argv = swept[0], swept[1]
+    argv = swept[1]
     assert cli.main([*argv, "--dry-run"]) == 0
     text = capsys.readouterr().out
     assert "none_seed0" in text and "finished" in text and "0 to run" in text

@@ -11,15 +11,14 @@ import torch
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from conftest import load_train_main
 from vispe.data import build_dataset
 from vispe.data.miniature import write_miniature_cifar10
-from vispe.train import config as C
-from vispe.train import engine, loaders
+from vispe.train import config as C, engine, loaders
 from vispe.train.checkpoint import load
 from vispe.train.distributed import DistInfo
 from vispe.train.runner import eval_size
 from vispe.train.tasks import get_task
-from conftest import load_train_main
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,9 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vispe.train import config as C
-from vispe.train import distributed as D
-from vispe.train import engine, loaders
+from vispe.train import config as C, distributed as D, engine, loaders
 from vispe.train.checkpoint import load
 from vispe.train.distributed import DistInfo
 from vispe.train.tasks import get_task

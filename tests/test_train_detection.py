@@ -15,8 +15,7 @@ import torch
 
 from conftest import load_train_main
 from vispe.data.miniature_coco import write_miniature_coco
-from vispe.train import config as C
-from vispe.train import engine, loaders
+from vispe.train import config as C, engine, loaders
 from vispe.train.checkpoint import load
 from vispe.train.distributed import DistInfo
 from vispe.train.tasks import get_task

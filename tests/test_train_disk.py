@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from vispe.train import logging as L
 from conftest import load_train_main
+from vispe.train import logging as L
 
 TINY = ["data.kwargs.n_train=48", "data.kwargs.n_test=16", "data.batch_size=16", "model.embed_dim=32",
         "model.num_heads=2", "model.depth=1", "train.eval_sizes=[1.0]", "train.progress=false",

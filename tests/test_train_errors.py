@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from vispe.data.miniature import write_miniature_cifar10
-from vispe.train import checkpoint as ckpt
-from vispe.train import config as C
-from vispe.train.tasks import get_task
 from conftest import load_train_main
+from vispe.data.miniature import write_miniature_cifar10
+from vispe.train import checkpoint as ckpt, config as C
+from vispe.train.tasks import get_task
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["data.kwargs.n_train=48", "data.kwargs.n_test=16", "data.batch_size=16", "model.embed_dim=32",

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from vispe.data.miniature import write_miniature_cifar10
 from conftest import load_train_main
+from vispe.data.miniature import write_miniature_cifar10
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMING = ("epoch_time_s", "img_per_s")

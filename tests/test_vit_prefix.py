@@ -14,9 +14,8 @@
 import pytest
 import torch
 
-from vispe.kernels import rope
-
 import vispe
+from vispe.kernels import rope
 from vispe.models.vit import create_vit
 
 P = 3  # class + 2 registers

@@ -4,9 +4,8 @@
     vispe.available()                 # every registered encoding
     pe = vispe.build("sine", dim=256)  # one by name
 """
+from vispe.encoding import AdditiveEncoding, BiasEncoding, ConditionalEncoding, PositionEncoding, RotaryEncoding
 from vispe.registry import available, build, family_of, register
-from vispe.encoding import (AdditiveEncoding, BiasEncoding, ConditionalEncoding, PositionEncoding,
-                            RotaryEncoding)
 
 __version__ = "0.1.0"
 

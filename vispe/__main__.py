@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import inspect
 import sys
+from collections.abc import Sequence
 
+from vispe.encoding import PositionEncoding
 from vispe.registry import available, get
 
 
-def mask_awareness(cls) -> str:
+def mask_awareness(cls: type[PositionEncoding]) -> str:
     if cls.mask_aware:
         return "yes"
     return f"option: {cls.mask_aware_option}" if cls.mask_aware_option else "no"
@@ -31,7 +33,7 @@ def table() -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["explain"]:
         from vispe.models.explain_cli import main as explain_main

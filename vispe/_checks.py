@@ -4,11 +4,14 @@ Each check raises a ValueError naming the argument, the value given and what was
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TypeVar
 
 import torch
 
 from vispe import _tracing
+
+T = TypeVar("T")
 
 
 def positive_int(name: str, value, *, allow_zero: bool = False) -> int:
@@ -34,7 +37,7 @@ def divisible(name: str, value: int, by: int, why: str = "") -> int:
     return value
 
 
-def choice(name: str, value, choices: Iterable) -> object:
+def choice(name: str, value: T, choices: Iterable[object]) -> T:
     choices = tuple(choices)
     if value not in choices:
         raise ValueError(f"{name}={value!r}: expected one of {', '.join(map(repr, choices))}")

@@ -44,6 +44,7 @@ e.g. DETR's object queries) carries ``pos``, ``spatial`` and ``coords`` only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -66,7 +67,7 @@ class PosContext:
     pos: torch.Tensor | None = None  # (B|1, P + h*w, C) additive code for q/k (DETR style)
     spatial: torch.Tensor | None = None  # (B|1, L, C) spatial code appended per head to q / k (Conditional DETR)
     coords: torch.Tensor | None = None  # (B|1, L, 2) unit (y, x) of tokens without a grid (rotary cross-attention)
-    memo: dict = field(default_factory=dict, repr=False, compare=False)  # tables shared by the layers
+    memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)  # tables shared by the layers
 
     @property
     def key_padding_mask(self) -> torch.Tensor | None:  # (B, P + h*w) True = padding
@@ -92,10 +93,14 @@ class Attention(TimmAttention):
 
     rope_impl: str = "auto"  # class defaults too, for timm layers converted in place (convert_vit)
     bias_impl: str = "auto"
+    pe: PositionEncoding | None
+    q_pos: nn.Linear | None
+    k_pos: nn.Linear | None
+    q_spatial: nn.Linear | None
 
     def __init__(self, dim: int, num_heads: int = 8, *, pe: PositionEncoding | None = None,
                  rope_impl: str = "auto", bias_impl: str = "auto", q_pos: bool = False, k_pos: bool = False,
-                 spatial: bool = False, **kwargs) -> None:
+                 spatial: bool = False, **kwargs: Any) -> None:
         _checks.positive_int("num_heads", num_heads)
         if dim % num_heads:
             raise ValueError(f"dim={dim}: expected a multiple of num_heads={num_heads}")
@@ -114,12 +119,13 @@ class Attention(TimmAttention):
         self.set_pe(pe)
 
     @classmethod
-    def adopt(cls, attn: TimmAttention) -> "Attention":
+    def adopt(cls, attn: TimmAttention) -> Attention:
         """Make a timm ``Attention`` this class in place (same weights; ``convert_vit``): the options
         its constructor would have set get their defaults (no position projections, no ``pe``)."""
         attn.__class__ = cls
-        attn.q_pos = attn.k_pos = attn.q_spatial = attn.pe = None
-        return attn
+        adopted = cast(Attention, attn)
+        adopted.q_pos = adopted.k_pos = adopted.q_spatial = adopted.pe = None
+        return adopted
 
     def set_pe(self, pe: PositionEncoding | None) -> None:
         """Attach a rotary or bias encoding to this layer (None to remove)."""
@@ -164,6 +170,7 @@ class Attention(TimmAttention):
             if ctx is None or ctx.shape is None:
                 raise ValueError(f"this layer has a {self.pe.family} encoding: expected a PosContext "
                                  "(ctx=...) giving the token grid")
+            assert qk is not None  # self-attention: q and k stacked above
             if self.pe.family == "rotary":
                 qk = rope.rotate_qk(self.pe, qk, ctx.shape, ctx.mask, ctx.num_prefix_tokens, memo=ctx.memo,
                                     impl=self.rope_impl)  # (2, B, heads, L, hd)
@@ -191,7 +198,7 @@ class Attention(TimmAttention):
         bias = self.qkv.bias[rows] if self.qkv.bias is not None else None
         return F.linear(x, self.qkv.weight[rows], bias)
 
-    def _qkv(self, x: torch.Tensor, ctx: PosContext | None):
+    def _qkv(self, x: torch.Tensor, ctx: PosContext | None) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k stacked (a view of the projection, no copy), and v.  # (2, B, heads, L, hd), (B, heads, L, hd)"""
         B, L, _ = x.shape
         split = lambda t, n: t.reshape(B, L, n, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # noqa: E731
@@ -210,7 +217,7 @@ class Attention(TimmAttention):
         return torch.stack([self.q_norm(qk[0]), self.k_norm(qk[1])])
 
     def _cross_qkv(self, x: torch.Tensor, ctx: PosContext | None, memory: torch.Tensor,
-                   memory_ctx: PosContext | None):
+                   memory_ctx: PosContext | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if memory.dim() != 3 or memory.shape[0] != x.shape[0] or memory.shape[-1] != x.shape[-1]:
             raise ValueError(f"memory has shape {tuple(memory.shape)}: expected ({x.shape[0]}, Lk, {x.shape[-1]})")
         if self.pe is not None and self.pe.family != "rotary":
@@ -229,26 +236,29 @@ class Attention(TimmAttention):
         v = self._project(memory, slice(2 * A, 3 * A))  # (B, Lk, A)
         return self._heads(q), self._heads(k), self._heads(v)
 
-    def _rotate_cross(self, q, k, ctx: PosContext | None, memory_ctx: PosContext | None):
+    def _rotate_cross(self, q: torch.Tensor, k: torch.Tensor, ctx: PosContext | None,
+                      memory_ctx: PosContext | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys rotated at their grid cells, queries at ``ctx.coords`` (unit (y, x)).  # q, k as given"""
         if memory_ctx is None or memory_ctx.shape is None or ctx is None or ctx.coords is None:
             raise ValueError("this layer has a rotary encoding: cross-attention needs memory_ctx with the keys' "
                              "grid (shape) and ctx.coords (B|1, Lq, 2), the queries' unit (y, x)")
         if memory_ctx.num_prefix_tokens:
             raise ValueError("rotary cross-attention: expected keys without prefix tokens (memory_ctx.num_prefix_tokens=0)")
-        k = rope.rotate_qk(self.pe, k, memory_ctx.shape, memory_ctx.mask, 0, memo=memory_ctx.memo,
+        pe = cast(RotaryEncoding, self.pe)  # set_pe and _cross_qkv refuse the other families
+        k = rope.rotate_qk(pe, k, memory_ctx.shape, memory_ctx.mask, 0, memo=memory_ctx.memo,
                            impl=self.rope_impl)  # (B, heads, Lk, hd)
         extent = valid_extent(memory_ctx.mask, memory_ctx.shape, device=q.device)  # (B|1, 2)
-        q = rope.rotate_at(self.pe, q, ctx.coords, extent, impl=self.rope_impl)  # (B, heads, Lq, hd): same kernel
+        q = rope.rotate_at(pe, q, ctx.coords, extent, impl=self.rope_impl)  # (B, heads, Lq, hd): same kernel
         return q, k
 
-    def _spatial(self, q, k, ctx: PosContext | None, memory_ctx: PosContext | None):
+    def _spatial(self, q: torch.Tensor, k: torch.Tensor, ctx: PosContext | None,
+                 memory_ctx: PosContext | None) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k with their spatial parts appended per head (Conditional DETR), or as given."""
         qs = ctx.spatial if ctx is not None else None
         ks = memory_ctx.spatial if memory_ctx is not None else None
         if qs is None and ks is None:
             return q, k
-        if qs is None or ks is None or self.q_spatial is None:
+        if qs is None or ks is None or self.q_spatial is None or self.k_pos is None:
             raise ValueError("a spatial part needs ctx.spatial and memory_ctx.spatial together, on a layer built "
                              f"with spatial=True (got ctx.spatial {qs is not None}, memory_ctx.spatial "
                              f"{ks is not None}, spatial={self.q_spatial is not None})")
@@ -257,8 +267,9 @@ class Attention(TimmAttention):
         return torch.cat([q, qs], -1), torch.cat([k, ks], -1)  # (B, heads, L, 2 hd): scale 1/sqrt(2 hd)
 
     def _bias(self, q: torch.Tensor, ctx: PosContext) -> torch.Tensor:
-        kw = {"q": q} if self.pe.contextual else {}
-        bias = self.pe(ctx.shape, ctx.mask, device=q.device, dtype=q.dtype, **kw)  # (B|1, heads, L, L)
+        pe = cast(BiasEncoding, self.pe)  # forward calls it for a bias encoding only
+        kw = {"q": q} if pe.contextual else {}
+        bias: torch.Tensor = pe(ctx.shape, ctx.mask, device=q.device, dtype=q.dtype, **kw)  # (B|1, heads, L, L)
         L = q.shape[-2]
         if bias.shape[-2:] != (L, L):
             raise ValueError(f"the bias has shape {tuple(bias.shape)}: expected (..., {L}, {L}) "

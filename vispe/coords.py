@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from torch.types import Device
 
 from vispe import _checks
 
@@ -31,7 +33,7 @@ GRID_MODES = ("index", "normalized", "centered", "pixel")
 
 
 def grid_coords(h: int, w: int, mode: str = "index", *, patch_size: float = 1.0,
-                device=None, dtype=torch.float32) -> torch.Tensor:
+                device: Device = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Coordinates of the tokens of an (h, w) grid, row-major: ``out[i] = (y_i, x_i)``.  # (h*w, 2)"""
     h, w = _checks.grid_shape("(h, w)", (h, w))
     _checks.choice("mode", mode, GRID_MODES)
@@ -41,18 +43,18 @@ def grid_coords(h: int, w: int, mode: str = "index", *, patch_size: float = 1.0,
     return torch.stack([yy, xx], dim=-1).reshape(h * w, 2).to(dtype)  # (h*w, 2)
 
 
-def _axis(n: int, mode: str, patch_size: float, device) -> torch.Tensor:
+def _axis(n: int, mode: str, patch_size: float, device: Device) -> torch.Tensor:
     i = torch.arange(n, device=device, dtype=torch.float32)  # (n,)
     if mode == "index":
         return i
     if mode == "normalized":
-        return i / torch.sym_max(n - 1, 1)  # 0 for a length-1 axis, no branch on n (export)
+        return i / torch.sym_max(n - 1, 1)  # type: ignore[return-value]  # 0 for a length-1 axis, no branch on n (export)
     if mode == "centered":
         return (i + 0.5) / n * 2 - 1
     return (i + 0.5) * patch_size  # pixel
 
 
-def float32_math(device: torch.device):
+def float32_math(device: torch.device | str) -> contextlib.AbstractContextManager[object]:
     """Autocast off on ``device``, so tables and angles are computed in float32 (then cast)."""
     try:
         return torch.autocast(torch.device(device).type, enabled=False)
@@ -64,7 +66,7 @@ VALID_MODES = ("index", "normalized", "centered")
 
 
 def valid_coords(shape: tuple[int, int], mask: torch.Tensor | None = None, mode: str = "index", *,
-                 device=None) -> torch.Tensor:
+                 device: Device = None) -> torch.Tensor:
     """Float32 (y, x) of the grid tokens, row-major, counted over each image's valid area.  # (B|1, h*w, 2)
 
     Without a mask: ``grid_coords(h, w, mode)`` with a leading 1. With a mask (B, h, w), True =
@@ -139,7 +141,7 @@ def jitter_coords(coords: torch.Tensor, *, shift: float = 0.0, jitter: float = 0
     return out
 
 
-def unit_coords(coords, extent=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def unit_coords(coords: torch.Tensor, extent: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Checked continuous coordinates for ``PositionEncoding.at``: float32 ``coords`` (B|1, N, 2) as
     (y, x) in unit coordinates of the valid area, and ``extent`` (B|1, 1, 2) valid (h, w) in cells or
     None. Unit coordinates of an n-cell axis: cell i spans [i/n, (i+1)/n], its centre is (i+0.5)/n."""
@@ -159,7 +161,7 @@ def unit_coords(coords, extent=None) -> tuple[torch.Tensor, torch.Tensor | None]
     return coords.float(), extent[:, None]  # (B|1, N, 2), (B|1, 1, 2)
 
 
-def valid_extent(mask: torch.Tensor | None, shape: tuple[int, int], device=None) -> torch.Tensor:
+def valid_extent(mask: torch.Tensor | None, shape: tuple[int, int], device: Device = None) -> torch.Tensor:
     """Valid (h, w) of each image in cells: its valid rows and columns (at least 1), or the grid's
     without a mask; the one definition every encoding and the detector use.  # (B|1, 2) float32"""
     if mask is None:  # scalar_tensor of each side: sizes stay symbolic under torch.export / compile
@@ -182,7 +184,7 @@ def unit_to_grid(coords: torch.Tensor, extent: torch.Tensor | None, mode: str) -
     return cells if mode == "index" else cells / (extent - 1).clamp(min=1)
 
 
-def valid_ratios(masks) -> torch.Tensor:
+def valid_ratios(masks: Sequence[torch.Tensor]) -> torch.Tensor:
     """Each image's valid fraction of every level's map, (h, w) order (Deformable DETR's
     ``get_valid_ratio`` per level, which gives (w, h)).  # (B, L, 2) float32
 
@@ -197,11 +199,11 @@ def valid_ratios(masks) -> torch.Tensor:
             raise ValueError(f"masks[{l}] has shape {tuple(m.shape)} and dtype {m.dtype}: expected a (B, h, w) "
                              "torch.bool tensor (True = padding)")
         size = torch.tensor(m.shape[-2:], dtype=torch.float32, device=m.device)  # (2,) as (h, w)
-        out.append(valid_extent(m, tuple(m.shape[-2:])) / size)  # (B, 2)
+        out.append(valid_extent(m, (m.shape[-2], m.shape[-1])) / size)  # (B, 2)
     return torch.stack(out, 1)  # (B, L, 2)
 
 
-def level_reference_points(shapes, ratios: torch.Tensor) -> torch.Tensor:
+def level_reference_points(shapes: Sequence[tuple[int, int]], ratios: torch.Tensor) -> torch.Tensor:
     """Deformable DETR's encoder reference points (``get_reference_points``), (y, x).  # (B, N, L, 2)
 
     Token n of level l (row-major, level after level, N = sum h_l w_l) sits at its cell centre in

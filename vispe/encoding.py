@@ -3,16 +3,13 @@
 Every 2D encoding is an ``nn.Module`` with a class attribute ``family`` and a ``forward`` whose
 signature depends only on the family, so that models never special-case an encoding:
 
-==============  ===========================================================  =====================
-family          forward(...)                                                  returns
-==============  ===========================================================  =====================
-``additive``    ``(shape, mask=None, *, device, dtype)``                      ``(B|1, h*w, dim)``
-``rotary``      ``(shape, mask=None, *, device)``                             angles ``(B|1, heads|1, h*w, head_dim/2)`` float32,
-                                                                              or block rotations (below)
-``bias``        ``(shape, mask=None, *, device, dtype, q=None)``              ``(B|1, heads, P+h*w, P+h*w)``
-``conditional`` ``(x (B, C, h, w), mask=None)``                               ``(B, C, h, w)`` term to add
-``none``        anything                                                      ``None``
-==============  ===========================================================  =====================
+| family | forward(...) | returns |
+|---|---|---|
+| ``additive`` | ``(shape, mask=None, *, device, dtype)`` | ``(B|1, h*w, dim)`` |
+| ``rotary`` | ``(shape, mask=None, *, device)`` | angles ``(B|1, heads|1, h*w, head_dim/2)`` float32, or block rotations (below) |
+| ``bias`` | ``(shape, mask=None, *, device, dtype, q=None)`` | ``(B|1, heads, P+h*w, P+h*w)`` |
+| ``conditional`` | ``(x (B, C, h, w), mask=None)`` | ``(B, C, h, w)`` term to add |
+| ``none`` | anything | ``None`` |
 
 ``shape`` is the token grid ``(h, w)``; ``mask`` is a padding mask ``(B, h, w)``, True = padding.
 Tokens are flattened row-major: token ``i`` sits at ``(y, x) = divmod(i, w)``.
@@ -75,7 +72,8 @@ has not (a learned table, a relative-bias table, a convolution) refuses with the
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -99,9 +97,9 @@ class PositionEncoding(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self._cache: OrderedDict = OrderedDict()
+        self._cache: OrderedDict[tuple[Any, ...], torch.Tensor] = OrderedDict()
 
-    def cached(self, key: tuple, fn: Callable[[], torch.Tensor], max_items: int = 16) -> torch.Tensor:
+    def cached(self, key: tuple[Any, ...], fn: Callable[[], torch.Tensor], max_items: int = 16) -> torch.Tensor:
         """Memoise a table that does not learn, keyed by ``key`` (include h, w, device, dtype).
 
         Only for tables that do not learn: a learned table must be recomputed every step. Not
@@ -118,15 +116,16 @@ class PositionEncoding(nn.Module):
             self._cache.popitem(last=False)
         return value
 
-    def _apply(self, fn, recurse=True):  # .to(), .cuda(), .half(): drop cached tables
-        self._cache.clear()
-        return super()._apply(fn, recurse)
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> PositionEncoding:
+        self._cache.clear()  # .to(), .cuda(), .half(): drop cached tables
+        super()._apply(fn, recurse)
+        return self
 
-    def train(self, mode: bool = True):
+    def train(self, mode: bool = True) -> PositionEncoding:
         self._cache.clear()
         return super().train(mode)
 
-    def resolve_device(self, device=None, like: torch.Tensor | None = None) -> torch.device:
+    def resolve_device(self, device: torch.device | str | None = None, like: torch.Tensor | None = None) -> torch.device:
         """The device of a call: ``device`` if given, else that of ``like`` (a mask or the queries),
         else that of the encoding's first parameter, else the CPU."""
         if device is not None:
@@ -136,7 +135,7 @@ class PositionEncoding(nn.Module):
         p = next(self.parameters(), None)
         return p.device if p is not None else torch.device("cpu")
 
-    def __prepare_scriptable__(self):  # torch.jit.script: a clear error (vispe._tracing)
+    def __prepare_scriptable__(self) -> None:  # torch.jit.script: a clear error (vispe._tracing)
         _tracing.refuse_script(f"the {self.registry_name or type(self).__name__} encoding")
 
     #: whether ``at(coords, ...)`` evaluates the encoding at continuous (y, x) (module docstring)
@@ -148,12 +147,13 @@ class PositionEncoding(nn.Module):
                 "conditional": "it is a convolution of the feature map, with no value away from its cells",
                 "none": "it has no position"}.get(self.family, "it has values only at its grid cells")
 
-    def at(self, coords: torch.Tensor, extent: torch.Tensor | None = None, *, dtype=None) -> torch.Tensor:
+    def at(self, coords: torch.Tensor, extent: torch.Tensor | None = None, *,
+           dtype: torch.dtype | None = None) -> torch.Tensor:
         """The encoding at continuous (y, x) ``coords`` (B|1, N, 2) in unit coordinates (module docstring)."""
         raise ValueError(f"the {self.registry_name or type(self).__name__} encoding cannot be evaluated at "
                          f"continuous coordinates: {self.coords_refusal()}")
 
-    def resize_(self, shape: tuple[int, int]) -> "PositionEncoding":
+    def resize_(self, shape: tuple[int, int]) -> PositionEncoding:
         """Make stored tables fit grid ``shape``; fixed encodings have nothing to do."""
         return self
 
@@ -162,24 +162,25 @@ class PositionEncoding(nn.Module):
         """The (h, w) grid the learned tables are built for; None when none depends on a grid."""
         return None
 
-    def infer_grid(self, state_dict: dict, prefix: str) -> tuple[int, int] | None:
+    def infer_grid(self, state_dict: dict[str, Any], prefix: str) -> tuple[int, int] | None:
         """The grid of a state_dict that has no record (None: its tables are absent)."""
         return self.table_grid()
 
-    def load_grid_(self, state_dict: dict, prefix: str, saved: tuple[int, int]) -> None:
+    def load_grid_(self, state_dict: dict[str, Any], prefix: str, saved: tuple[int, int]) -> None:
         """Bring the tables of ``state_dict`` (keys ``prefix + name``), saved for grid ``saved``, to
         ``table_grid()`` in place, by the encoding's own rule; this default refuses."""
         raise ValueError(f"{prefix or 'state_dict'}: the learned tables were saved for grid {saved}, this "
                          f"{type(self).__name__} is built for grid {self.table_grid()} and cannot resize them")
 
-    def _save_to_state_dict(self, destination, prefix, keep_vars):
+    def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
         super()._save_to_state_dict(destination, prefix, keep_vars)
         grid = self.table_grid()
         if grid is not None:
             destination[prefix + GRID_KEY] = torch.tensor(grid, dtype=torch.long)  # (2,) as (h, w)
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs):
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any],
+                              strict: bool, missing_keys: list[str], unexpected_keys: list[str],
+                              error_msgs: list[str]) -> None:
         grid = self.table_grid()
         if grid is not None:
             record = state_dict.pop(prefix + GRID_KEY, None)  # load_state_dict works on its own copy
@@ -187,7 +188,7 @@ class PositionEncoding(nn.Module):
                 record = local_metadata.get(GRID_KEY)
             saved = self.infer_grid(state_dict, prefix) if record is None else tuple(int(v) for v in record)
             if saved is not None and saved != tuple(grid):
-                self.load_grid_(state_dict, prefix, saved)
+                self.load_grid_(state_dict, prefix, cast("tuple[int, int]", saved))
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
 
@@ -203,7 +204,8 @@ class AdditiveEncoding(PositionEncoding):
     #: timm's layout); the others give prefix tokens no position unless asked
     learned_prefix: ClassVar[bool] = False
 
-    def prefix(self, *, device=None, dtype=None) -> torch.Tensor | None:  # (1, P, dim) or None
+    def prefix(self, *, device: torch.device | str | None = None,
+               dtype: torch.dtype | None = None) -> torch.Tensor | None:  # (1, P, dim) or None
         return None
 
 

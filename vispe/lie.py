@@ -20,7 +20,7 @@ Everything is float32 (float64 for float64 inputs); callers turn autocast off.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -6,14 +6,20 @@ from __future__ import annotations
 
 import difflib
 import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
-_REGISTRY: dict[str, type] = {}
+if TYPE_CHECKING:  # for the annotations only: encodings import the registry, not the other way round
+    from vispe.encoding import PositionEncoding
+
+E = TypeVar("E", bound="type[PositionEncoding]")
+_REGISTRY: dict[str, type[PositionEncoding]] = {}
 
 
-def register(name: str):
+def register(name: str) -> Callable[[E], E]:
     """Class decorator adding an encoding under ``name``; a duplicate name is an error."""
 
-    def deco(cls):
+    def deco(cls: E) -> E:
         if name in _REGISTRY and _REGISTRY[name] is not cls:
             raise ValueError(f"encoding name {name!r} is already registered by {_REGISTRY[name].__qualname__}")
         _REGISTRY[name] = cls
@@ -28,7 +34,7 @@ def _load_builtin() -> None:
     import vispe.image  # noqa: F401
 
 
-def get(name: str) -> type:
+def get(name: str) -> type[PositionEncoding]:
     """The class registered under ``name``; an unknown name lists the known ones."""
     _load_builtin()
     if name not in _REGISTRY:
@@ -48,22 +54,22 @@ def suggest(name: str, n: int = 4) -> list[str]:
     return list(dict.fromkeys(parts + close))[:n]
 
 
-def build(name: str, **kwargs):
+def build(name: str, **kwargs: Any) -> PositionEncoding:
     """Instantiate the encoding registered under ``name`` with ``kwargs``."""
     cls = get(name)
     try:
         return cls(**kwargs)
     except TypeError as e:  # an unknown keyword: say which encoding and what it takes
-        params = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "args", "kwargs")]
+        params = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
         raise ValueError(f"encoding {name!r}: {e}; it takes: {', '.join(params)}") from e
 
 
-def build_in(name: str, context: dict, **kwargs):
+def build_in(name: str, context: dict[str, Any], **kwargs: Any) -> PositionEncoding:
     """Build ``name`` for a model: ``context`` (dim, num_heads, head_dim, grid, num_prefix_tokens...)
     is passed only where the encoding's constructor takes that argument; ``kwargs`` always are
     (user settings, never dropped) and override the context.
     """
-    params = inspect.signature(get(name).__init__).parameters
+    params = inspect.signature(get(name)).parameters
     takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     ctx = {k: v for k, v in context.items() if takes_all or k in params}
     return build(name, **{**ctx, **kwargs})

@@ -20,8 +20,7 @@ from vispe.axis.ode import ODEEncoding1d, RecurrentEncoding1d, TimeMLP, euler_st
 from vispe.axis.relative import clipped_index, relative_offsets, t5_bucket
 from vispe.axis.rope import apply_rope, half_to_interleaved, interleaved_to_half, rope_angles, rope_frequencies
 from vispe.axis.rope_scaling import ntk_frequencies, pi_positions, scaling_factor, yarn_frequencies, yarn_mscale
-from vispe.axis.shaw import (ShawRelative, shaw_attention, shaw_index, shaw_key_term, shaw_logits,
-                             shaw_value_term)
+from vispe.axis.shaw import ShawRelative, shaw_attention, shaw_index, shaw_key_term, shaw_logits, shaw_value_term
 from vispe.axis.sinusoidal import normalized_index, raw_index, single_sinusoid, sinusoid_frequencies
 from vispe.axis.t5 import T5RelativeBias
 from vispe.axis.transformer_xl import TransformerXLRelative

@@ -102,7 +102,7 @@ class LearnedTable1d(nn.Module):
         _checks.positive_int("length", length)
         return interpolate_rows(self.table(length), pos)  # pos.shape + (dim,)
 
-    def resize_(self, length: int) -> "LearnedTable1d":
+    def resize_(self, length: int) -> LearnedTable1d:
         """Replace the stored table by its resampling at ``length`` (at load time)."""
         with torch.no_grad():
             self.weight = nn.Parameter(resize_table_1d(self.weight.data, length, self.resize_mode))

@@ -18,7 +18,7 @@ instead of flipping signs around zero.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

@@ -24,7 +24,7 @@ Both compute in float32 (float64 if the module is float64), with autocast turned
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

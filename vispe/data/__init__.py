@@ -17,8 +17,8 @@ Names: ``digits_class``, ``digits_cell``, ``digits_relative``, ``digits_content_
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 from vispe.data.cifar10 import build_cifar10, cifar10_info
 from vispe.data.common import DatasetInfo

@@ -37,12 +37,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torchvision.datasets import CIFAR10
-from torchvision.datasets import utils as tv_utils
+from torchvision.datasets import CIFAR10, utils as tv_utils
 from torchvision.transforms import v2
 
-from vispe.data.common import (DatasetInfo, check_img_size, check_options, check_seed, check_split,
-                               check_train_augment)
+from vispe.data.common import DatasetInfo, check_img_size, check_options, check_seed, check_split, check_train_augment
 
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)

@@ -5,8 +5,8 @@ with ``DatasetInfo.mean`` / ``.std`` (per channel), ``label`` an ``int`` in ``[0
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 from vispe import _checks
 

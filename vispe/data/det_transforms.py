@@ -33,7 +33,8 @@ generator (``torch.manual_seed``, or the DataLoader's per-worker seeds).
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torchvision import tv_tensors

@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as nnf
 
 from vispe import _checks
-from vispe.data import coco as coco_mod
-from vispe.data import shapes as shapes_mod
+from vispe.data import coco as coco_mod, shapes as shapes_mod
 from vispe.data.coco import CocoDetectionSet
 from vispe.data.det_transforms import DETR_MAX_SIZE, DETR_SIZE
 

@@ -10,23 +10,12 @@ images, deterministically from ``(seed, split, task)``. Positions are integer to
 ``(y, x)`` on an ``S x S`` canvas (``canvas``, default 32); a digit is a square of side
 ``s = digit_size`` (the 8x8 source resized, bilinear with antialiasing). Background is 0.
 
-============================  =======  ===========================================================
-name                          classes  label
-============================  =======  ===========================================================
-``digits_class``              10       the digit's class; the digit (s=16) anywhere (uniform):
-                                       translation-invariant control, no position needed
-``digits_cell``               k*k      the cell ``row * k + col`` of a k x k grid (k=3) holding
-                                       the digit (s=8, wholly inside the cell, random class):
-                                       a permutation-invariant model is at chance
-``digits_relative``           4        two digits of different classes (s=8), A = the smaller
-                                       class: ``2 * [y_A > y_B] + [x_A > x_B]`` (0 = A above-left
-                                       of B); |dy|, |dx| >= ``margin`` (4), no overlap
-                                       (max(|dy|, |dx|) >= s). Same layout, A and B swapped:
-                                       label ``3 - label``, so position alone cannot answer
-``digits_content_position``   20       ``class`` if the digit (s=12) lies wholly in the left half
-                                       (x + s <= S/2), else ``10 + class`` (wholly in the right
-                                       half, x >= S/2): needs content and position
-============================  =======  ===========================================================
+| name | classes | label |
+|---|---|---|
+| ``digits_class`` | 10 | the digit's class; the digit (s=16) anywhere (uniform): translation-invariant control, no position needed |
+| ``digits_cell`` | k*k | the cell ``row * k + col`` of a k x k grid (k=3) holding the digit (s=8, wholly inside the cell, random class): a permutation-invariant model is at chance |
+| ``digits_relative`` | 4 | two digits of different classes (s=8), A = the smaller class: ``2 * [y_A > y_B] + [x_A > x_B]`` (0 = A above-left of B); abs(dy), abs(dx) >= ``margin`` (4), no overlap (max(abs(dy), abs(dx)) >= s). Same layout, A and B swapped: label ``3 - label``, so position alone cannot answer |
+| ``digits_content_position`` | 20 | ``class`` if the digit (s=12) lies wholly in the left half (x + s <= S/2), else ``10 + class`` (wholly in the right half, x >= S/2): needs content and position |
 
 Sizes were chosen so that each task is learnable at 32x32: 8x8 digits are the source resolution
 (about 97% linear accuracy) and fit a 3x3 cell with 3 positions of jitter; the class task
@@ -50,8 +39,15 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from vispe import _checks
-from vispe.data.common import (SPLITS, DatasetInfo, check_img_size, check_options, check_seed,
-                               check_split, check_train_augment)
+from vispe.data.common import (
+    SPLITS,
+    DatasetInfo,
+    check_img_size,
+    check_options,
+    check_seed,
+    check_split,
+    check_train_augment,
+)
 
 TASKS = ("class", "cell", "relative", "content_position")
 TEST_FRACTION = 0.3

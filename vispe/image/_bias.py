@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from vispe import _checks
-from vispe.encoding import BiasEncoding
 from vispe.coords import float32_math
+from vispe.encoding import BiasEncoding
 
 
 def gather_bias(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -44,8 +44,15 @@ from torch import nn
 from vispe import _checks
 from vispe.axis.learned import LearnedTable1d
 from vispe.axis.sinusoidal import LAYOUTS, sinusoid_frequencies, sinusoidal
-from vispe.image._additive import (COORD_MODES, AdditiveBase, axis_positions, centred, check_center, fit_axis_tables,
-                                   float32_math)
+from vispe.image._additive import (
+    COORD_MODES,
+    AdditiveBase,
+    axis_positions,
+    centred,
+    check_center,
+    fit_axis_tables,
+    float32_math,
+)
 from vispe.registry import register
 
 AXES = ("sinusoidal", "learned")
@@ -80,15 +87,19 @@ class Axis2dEncoding(AdditiveBase):
         axis: "sinusoidal" or "learned".
         compose: "concat" (default), "sum" or "product".
         axis_order: "yx" (default) or "xy", the order of the halves (concat only).
-        temperature, layout, coords, mask_aware, endpoint, center: sinusoidal axis only (defaults 10000,
-            "concat", "index", False, False, False); ``coords`` as ``vispe.coords`` ("index", "normalized",
-            "centered"); ``endpoint`` as ``vispe.axis.sinusoidal.sinusoid_frequencies`` (big_vision);
-            ``center`` subtracts the code's mean over the valid area (module docstring).
+        temperature: sinusoidal axis only: the frequency base (default 10000).
+        layout: sinusoidal axis only: sin/cos layout (default "concat").
+        coords: sinusoidal axis only, as ``vispe.coords``: "index" (default), "normalized", "centered".
+        mask_aware: sinusoidal axis only: count positions over each image's valid area (default False).
+        endpoint: sinusoidal axis only, as ``vispe.axis.sinusoidal.sinusoid_frequencies`` (big_vision;
+            default False).
+        center: sinusoidal axis only: subtract the code's mean over the valid area (module docstring;
+            default False).
         grid: the model's grid (h, w); the lengths of a learned axis's tables (required there), not
             needed by a fixed axis (checked, then unused: models pass their grid to every encoding).
-        overflow, resize_mode, init_std: learned axis only; ``overflow`` "interpolate" (default) or
-            "error" past the tables, ``resize_mode`` "linear" (default), "bicubic" or "nearest",
-            ``init_std`` of the normal init (0.02).
+        overflow: learned axis only: "interpolate" (default) or "error" past the tables.
+        resize_mode: learned axis only: "linear" (default), "bicubic" or "nearest".
+        init_std: learned axis only: the standard deviation of the normal init (0.02).
         num_prefix_tokens: learned prefix vectors returned by ``prefix()`` (0: none).
     An option of the other axis kind raises a ValueError, never silently ignored.
     """
@@ -165,7 +176,7 @@ class Axis2dEncoding(AdditiveBase):
                 code = centred(code, mask if self.mask_aware else None)  # (B|1, h*w, dim)
             return code
 
-    def resize_(self, shape) -> "Axis2dEncoding":
+    def resize_(self, shape) -> Axis2dEncoding:
         """Learned axis: resample the tables to ``shape`` = (h, w) entries (load time)."""
         h, w = _checks.grid_shape("shape", shape)
         if self.row is not None:

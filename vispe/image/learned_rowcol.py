@@ -120,7 +120,7 @@ class LearnedRowColEncoding(AdditiveBase):
                 state_dict[prefix + new] = state_dict.pop(prefix + old)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def resize_(self, shape) -> "LearnedRowColEncoding":
+    def resize_(self, shape) -> LearnedRowColEncoding:
         """Make the tables cover grid ``shape`` = (h, w) at load time, as ``forward`` does at run time.
 
         A table shorter than the grid is resampled to the grid's length (``max_size`` grows); a

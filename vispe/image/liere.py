@@ -134,7 +134,7 @@ class LieRE(BlockRotaryBase):
         return raw * f.view(1, 2, 1, 1, 1)
 
     @torch.no_grad()
-    def resize_(self, shape) -> "LieRE":
+    def resize_(self, shape) -> LieRE:
         """Make ``shape`` the reference grid n0, with the same rotations at every size (module docstring)."""
         shape = _checks.grid_shape("shape", shape)
         if self.grid is not None and self.liere_coords == "liere":

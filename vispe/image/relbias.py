@@ -88,7 +88,7 @@ class RelBias(BiasBase):
         return gather_bias(table, index)  # (1, heads, N, N)
 
     @torch.no_grad()
-    def resize_(self, shape) -> "RelBias":
+    def resize_(self, shape) -> RelBias:
         """Resize the stored table to window ``shape`` for good (load time)."""
         shape = _checks.grid_shape("shape", shape)
         self.table = nn.Parameter(self.table_for(shape).detach().clone())

@@ -59,7 +59,7 @@ class Levels:
         object.__setattr__(self, "shapes", shapes)
 
     @classmethod
-    def of(cls, maps) -> "Levels":
+    def of(cls, maps) -> Levels:
         """The levels of feature maps ``maps`` [(B, C, h, w) or (B, h, w)], in order."""
         return cls(tuple(tuple(m.shape[-2:]) for m in maps))
 

@@ -7,14 +7,14 @@
 Every attention layer (vispe's ``Attention``, or ``layer_types``) is wrapped in a profiler range
 named after its module path; the kernel is the aten operator torch dispatched to inside that range:
 
-==================================================  ==========
-``aten::_scaled_dot_product_flash_attention*``        flash
-``aten::_scaled_dot_product_efficient_attention``     efficient
-``aten::_scaled_dot_product_cudnn_attention``         cudnn
-``aten::_scaled_dot_product_attention_math``          math
-``vispe::chunked_bias_attention``                     chunked (vispe's function; its forward's SDPA kernel follows)
-``vispe::flex_attention``                             flex
-==================================================  ==========
+| operator | kernel |
+|---|---|
+| ``aten::_scaled_dot_product_flash_attention*`` | flash |
+| ``aten::_scaled_dot_product_efficient_attention`` | efficient |
+| ``aten::_scaled_dot_product_cudnn_attention`` | cudnn |
+| ``aten::_scaled_dot_product_attention_math`` | math |
+| ``vispe::chunked_bias_attention`` | chunked (vispe's function; its forward's SDPA kernel follows) |
+| ``vispe::flex_attention`` | flex |
 
 With ``backward=True`` the sum of the outputs (every tensor in them) is back-propagated and each layer's backward is
 found through the autograd sequence number that links a forward operator to its backward node.

@@ -45,8 +45,8 @@ from torch.utils.checkpoint import checkpoint
 
 from vispe import _checks, _tracing
 from vispe.attention import Attention, PosContext
-from vispe.models._token_loop import TokenLoop
 from vispe.models._timm_keys import TimmPosEmbedKeys
+from vispe.models._token_loop import TokenLoop
 from vispe.models._vit_inputs import check_images, masked_pool, patch_mask
 from vispe.registry import build_in, get
 

@@ -33,7 +33,6 @@ from functools import partial
 import torch
 
 
-
 def dinov3_rope_kwargs(*, base: float | None = 100.0, min_period: float | None = None,
                        max_period: float | None = None, normalize_coords: str = "separate",
                        shift_coords: float | None = None, jitter_coords: float | None = None,
@@ -51,8 +50,7 @@ def dinov3_rope_kwargs(*, base: float | None = 100.0, min_period: float | None =
         kw.update(min_period=min_period, max_period=max_period)
     else:
         kw.update(base=base)
-    for name, key, value in (("shift_coords", "shift", shift_coords), ("jitter_coords", "stretch", jitter_coords),
-                             ("rescale_coords", "rescale", rescale_coords)):
+    for key, value in (("shift", shift_coords), ("stretch", jitter_coords), ("rescale", rescale_coords)):
         if value is not None:
             kw[key] = value
     return kw

@@ -39,8 +39,8 @@ from vispe.attention import PosContext
 from vispe.coords import resize_mask
 from vispe.image.learned_abs import resample_grid_table
 from vispe.image.rope_mixed import from_rope_vit_freqs
-from vispe.models._token_loop import TokenLoop
 from vispe.models._timm_keys import TimmPosEmbedKeys
+from vispe.models._token_loop import TokenLoop
 from vispe.registry import build_in, get
 
 

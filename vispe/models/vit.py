@@ -16,26 +16,30 @@ Imports go one way: this module imports ``_vit_model``, ``deit``, ``eva``, ``naf
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from timm.layers import Attention as TimmAttention
-from timm.layers import Format
+from timm.layers import Attention as TimmAttention, Format
 from timm.models.deit import VisionTransformerDistilled
 from timm.models.eva import Eva
 from timm.models.vision_transformer import Block, VisionTransformer
+from torch import nn
 
 from vispe import _checks
 from vispe.attention import Attention
 from vispe.models._vit_model import PE_AT, PRESETS, VispeBlock, VispeViT  # noqa: F401  (re-exported)
 from vispe.models.deit import VispeViTDistilled
 from vispe.models.dinov3 import convert_hf_dinov3
-from vispe.models.eva import convert_eva
+from vispe.models.eva import VispeEva, convert_eva
 from vispe.models.naflex import convert_naflex
+from vispe.models.towers import converter_for, convertible
 
 #: timm modules whose models convert (entry point module -> what it builds)
 CONVERTIBLE = ("vision_transformer", "deit", "eva", "naflexvit")
+#: what create_vit / convert_vit return: a VispeViT (DeiT: its subclass), or a VispeEva for the Eva family
+VispeModel = VispeViT | VispeEva
 
 
-def timm_kind(model) -> str:
+def timm_kind(model: nn.Module) -> str:
     """"vit", "distilled", "eva" or "naflex" for a timm model vispe converts; a ValueError with the reason otherwise."""
     if type(model) is VisionTransformer:
         return "vit"
@@ -46,12 +50,15 @@ def timm_kind(model) -> str:
     if type(model).__name__ == "NaFlexVit":
         return "naflex"
     raise ValueError(f"model is a {type(model).__name__}: expected a timm VisionTransformer, VisionTransformerDistilled "
-                     "(DeiT), Eva (EVA, EVA-02, timm's RoPE ViTs, DINOv3) or NaFlexVit, or transformers' DINOv3ViTModel")
+                     "(DeiT), Eva (EVA, EVA-02, timm's RoPE ViTs, DINOv3) or NaFlexVit, transformers' DINOv3ViTModel, "
+                     f"or a vision tower: {', '.join(convertible())}")
 
 
-def create_from_timm(name: str, *, pe=None, img_size=None, patch_size=None, num_classes=None, in_chans=3,
-                     pe_kwargs=None, pe_at="input", peg_blocks=(0,), pretrained=False, checkpoint=None,
-                     keep_abs_pos=None, **timm_kwargs):
+def create_from_timm(name: str, *, pe: str | None = None, img_size: int | tuple[int, int] | None = None,
+                     patch_size: int | None = None, num_classes: int | None = None, in_chans: int = 3,
+                     pe_kwargs: dict[str, Any] | None = None, pe_at: str = "input",
+                     peg_blocks: tuple[int, ...] = (0,), pretrained: bool = False, checkpoint: str | Path | None = None,
+                     keep_abs_pos: bool | None = None, **timm_kwargs: Any) -> VispeModel:
     """timm's ``name`` (its own defaults for every size not given), with its pretrained weights if
     asked, converted to a vispe encoding (``pe=None``: the checkpoint's own).
 
@@ -71,7 +78,7 @@ def create_from_timm(name: str, *, pe=None, img_size=None, patch_size=None, num_
         raise ValueError(f"name={name!r} is a timm {module} model: expected a VisionTransformer, DeiT, Eva or NaFlexVit name")
     if not isinstance(pretrained, bool):
         raise ValueError(f"pretrained={pretrained!r}: expected True or False")
-    kw = dict(timm_kwargs, in_chans=in_chans)
+    kw: dict[str, Any] = dict(timm_kwargs, in_chans=in_chans)
     for key, value in (("img_size", img_size), ("patch_size", patch_size), ("num_classes", num_classes)):
         if value is not None:
             kw[key] = value
@@ -88,10 +95,11 @@ def create_from_timm(name: str, *, pe=None, img_size=None, patch_size=None, num_
 
 
 
-def create_vit(name: str = "vit_cifar", *, pe: str | None = None, img_size=None, patch_size: int | None = None,
-               num_classes: int | None = None, in_chans: int = 3, pe_kwargs: dict | None = None, pe_at: str = "input",
-               peg_blocks: tuple[int, ...] = (0,), pretrained: bool = False, checkpoint=None,
-               keep_abs_pos: bool | None = None, **timm_kwargs) -> VispeViT:
+def create_vit(name: str = "vit_cifar", *, pe: str | None = None, img_size: int | tuple[int, int] | None = None,
+               patch_size: int | None = None, num_classes: int | None = None, in_chans: int = 3,
+               pe_kwargs: dict[str, Any] | None = None, pe_at: str = "input", peg_blocks: tuple[int, ...] = (0,),
+               pretrained: bool = False, checkpoint: str | Path | None = None, keep_abs_pos: bool | None = None,
+               **timm_kwargs: Any) -> VispeModel:
     """A ViT with encoding ``pe``: ``name`` is a vispe preset (``PRESETS``) or a timm model name.
 
     Presets: ``pe`` defaults to "learned_abs", ``img_size`` 32, ``patch_size`` 4, ``num_classes`` 10.
@@ -118,7 +126,7 @@ def create_vit(name: str = "vit_cifar", *, pe: str | None = None, img_size=None,
     _checks.positive_int("patch_size", patch_size)
     if h % patch_size or w % patch_size:
         raise ValueError(f"img_size={img_size!r}: expected multiples of patch_size={patch_size}")
-    args = dict(PRESETS[name])
+    args: dict[str, Any] = dict(PRESETS[name])
     args.update(img_size=(h, w), patch_size=patch_size, num_classes=10 if num_classes is None else num_classes,
                 in_chans=in_chans)
     args.update(timm_kwargs)
@@ -128,8 +136,9 @@ def create_vit(name: str = "vit_cifar", *, pe: str | None = None, img_size=None,
     return VispeViT(pe=pe or "learned_abs", pe_kwargs=pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks, **args)
 
 
-def convert_vit(model: VisionTransformer, pe: str | None = None, *, pe_kwargs: dict | None = None,
-                pe_at: str = "input", peg_blocks: tuple[int, ...] = (0,), keep_abs_pos: bool | None = None):
+def convert_vit(model: nn.Module, pe: str | None = None, *, pe_kwargs: dict[str, Any] | None = None,
+                pe_at: str = "input", peg_blocks: tuple[int, ...] = (0,),
+                keep_abs_pos: bool | None = None) -> VispeModel:
     """Give an existing timm model a vispe encoding, in place (weights and state_dict keys kept).
 
     In place, on purpose: the model passed in *is* the converted model afterwards (same object,
@@ -149,8 +158,12 @@ def convert_vit(model: VisionTransformer, pe: str | None = None, *, pe_kwargs: d
     (``keep_abs_pos`` applies there; timm's ``vit_*_dinov3`` are Evas); transformers'
     ``DINOv3ViTModel`` becomes a new ``VispeEva`` with its weights (``vispe.models.dinov3``, not in
     place); timm's ``NaFlexVit`` a new ``VispeViT`` with its modules (``vispe.models.naflex``, which
-    also runs NaFlex's packed inputs); other models are refused with the reason.
+    also runs NaFlex's packed inputs); the vision towers registered in ``vispe.models.towers``
+    (``convertible()``) a new model by their own converter; other models are refused with the reason.
     """
+    tower = converter_for(model)  # a multimodal model's vision tower (vispe.models.towers): a new model
+    if tower is not None:
+        return tower(model, pe, pe_kwargs=pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks, keep_abs_pos=keep_abs_pos)
     if type(model).__name__ == "DINOv3ViTModel":  # transformers': a new VispeEva with its weights
         if pe is not None or pe_kwargs or keep_abs_pos is not None:
             raise ValueError("a transformers DINOv3ViTModel converts with its own RoPE: pass no pe / pe_kwargs / "
@@ -162,31 +175,33 @@ def convert_vit(model: VisionTransformer, pe: str | None = None, *, pe_kwargs: d
             raise ValueError(f"keep_abs_pos={keep_abs_pos!r}: applies to Eva models (a NaFlexVit has one table)")
         return convert_naflex(model, pe, pe_kwargs=pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks)
     if kind == "eva":
+        assert isinstance(model, Eva)
         return convert_eva(model, pe, pe_kwargs=pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks,
                            keep_abs_pos=keep_abs_pos)
     if keep_abs_pos is not None:
         raise ValueError(f"keep_abs_pos={keep_abs_pos!r}: applies to Eva models (a ViT has one position encoding)")
-    for i, blk in enumerate(model.blocks):
+    assert isinstance(model, VisionTransformer)
+    blocks: list[Any] = list(model.blocks)  # timm Blocks, converted in place below
+    for i, blk in enumerate(blocks):
         if type(blk) is not Block or type(blk.attn) is not TimmAttention or blk.attn.gate is not None:
             raise ValueError(f"model.blocks[{i}] is a {type(blk).__name__} with {type(blk.attn).__name__}: "
                              "expected timm's Block with its plain (ungated) Attention")
     old_pos = model.pos_embed
     old_grid = tuple(model.patch_embed.grid_size)
     pe = pe or ("learned_abs" if old_pos is not None else "none")
-    for blk in model.blocks:
+    for blk in blocks:
         blk.__class__ = VispeBlock
         Attention.adopt(blk.attn)
         blk.attn.pe = None
-    if kind == "distilled":
-        model.__class__ = VispeViTDistilled
-    else:
-        model.__class__ = VispeViT
-    model.pos_embed = None
-    model.dynamic_img_size = True
-    model.patch_embed.strict_img_size = False
-    if model.patch_embed.output_fmt == Format.NCHW and not model.patch_embed.flatten:
-        model.patch_embed.flatten = True
-    model.setup_pe(pe, pe_kwargs or {}, pe_at=pe_at, peg_blocks=peg_blocks)
+    model.__class__ = VispeViTDistilled if kind == "distilled" else VispeViT
+    vit: Any = model  # a VispeViT from here on (timm declares some of these attributes Final)
+    vit.pos_embed = None
+    vit.dynamic_img_size = True
+    patch_embed: Any = vit.patch_embed
+    patch_embed.strict_img_size = False
+    if patch_embed.output_fmt == Format.NCHW and not patch_embed.flatten:
+        patch_embed.flatten = True
+    vit.setup_pe(pe, pe_kwargs or {}, pe_at=pe_at, peg_blocks=peg_blocks)
     if old_pos is not None and pe == "learned_abs":
-        model.load_pos_embed(old_pos.detach(), old_grid)
-    return model
+        vit.load_pos_embed(old_pos.detach(), old_grid)
+    return vit

@@ -4,8 +4,7 @@ Kayhan & van Gemert, CVPR 2020). Re-exports only; see each module.
 The runner's names are re-exported lazily (PEP 562) so that ``python -m vispe.probes.runner`` does
 not import the runner twice.
 """
-from vispe.probes.backbones import (BACKBONES, PADDINGS, build_backbone, resnet18_stages, small_vgg,
-                                   swap_padding)
+from vispe.probes.backbones import BACKBONES, PADDINGS, build_backbone, resnet18_stages, small_vgg, swap_padding
 from vispe.probes.inputs import INPUTS, make_inputs
 from vispe.probes.metrics import flat, mae, rank, spc
 from vispe.probes.readout import ProbeSettings, ReadoutProbe, evaluate_probe, fit_probe, stack_features

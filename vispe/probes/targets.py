@@ -4,15 +4,13 @@ Convolutional Neural Networks Encode?"), at any resolution, values in [0, 1].
 With ``y = i / (h - 1)`` and ``x = j / (w - 1)`` the normalised row / column of pixel (i, j)
 (the ``"normalized"`` mode of ``vispe.coords.grid_coords``; 0 on a length-1 axis):
 
-======  ================================  =====================================================
-name    map                               varies along
-======  ================================  =====================================================
-``H``   ``x``                             x (left 0 -> right 1), constant down each column
-``V``   ``y``                             y (top 0 -> bottom 1), constant along each row
-``G``   ``exp(-((y-.5)^2 + (x-.5)^2) / (2 sigma^2))``, min-max scaled to [0, 1]    both (centre 1)
-``HS``  ``(1 + cos(2 pi k y)) / 2``       y: horizontal stripes (each row constant), k periods
-``VS``  ``(1 + cos(2 pi k x)) / 2``       x: vertical stripes (each column constant), k periods
-======  ================================  =====================================================
+| name | map | varies along |
+|---|---|---|
+| ``H`` | ``x`` | x (left 0 -> right 1), constant down each column |
+| ``V`` | ``y`` | y (top 0 -> bottom 1), constant along each row |
+| ``G`` | ``exp(-((y-.5)^2 + (x-.5)^2) / (2 sigma^2))``, min-max scaled to [0, 1] | both (centre 1) |
+| ``HS`` | ``(1 + cos(2 pi k y)) / 2`` | y: horizontal stripes (each row constant), k periods |
+| ``VS`` | ``(1 + cos(2 pi k x)) / 2`` | x: vertical stripes (each column constant), k periods |
 
 The paper names the gradients by the direction they run in (H runs horizontally) and the stripes
 by the direction the stripes lie in (HS: horizontal bands, so the value changes from row to row);

@@ -19,10 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from vispe.sweep import collect as K
-from vispe.sweep import grid as G
-from vispe.sweep import launch as L
-from vispe.sweep import provenance as P
+from vispe.sweep import collect as K, grid as G, launch as L, provenance as P
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -25,8 +25,21 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from vispe.train.schema import (  # noqa: F401  (re-exported: the public names of the config)
-    AMPS, DEVICES, FREE_DICTS, OPTIMIZERS, RESUMABLE_KEYS, SCHEDULES, Config, ConfigError, DataConfig,
-    DetrModelConfig, ModelConfig, OptimConfig, TaskConfig, TrainLoopConfig, schema_keys,
+    AMPS,
+    DEVICES,
+    FREE_DICTS,
+    OPTIMIZERS,
+    RESUMABLE_KEYS,
+    SCHEDULES,
+    Config,
+    ConfigError,
+    DataConfig,
+    DetrModelConfig,
+    ModelConfig,
+    OptimConfig,
+    TaskConfig,
+    TrainLoopConfig,
+    schema_keys,
 )
 
 

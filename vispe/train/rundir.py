@@ -37,7 +37,6 @@ from omegaconf import DictConfig, OmegaConf
 from vispe.train import config as C
 from vispe.train.logging import atomic_write, write_error
 
-
 #: file a smoke run leaves in its run folder: the next smoke run may replace the folder
 SMOKE_MARKER = ".vispe-smoke-run"
 

@@ -21,9 +21,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from vispe.train import checkpoint as ckpt
-from vispe.train import distributed as D
-from vispe.train import engine, loaders
+from vispe.train import checkpoint as ckpt, distributed as D, engine, loaders
 from vispe.train.logging import RunLog
 from vispe.train.progress import progress_bar
 from vispe.train.schedule import LRPlan, build_scheduler

@@ -136,7 +136,7 @@ class TrainLoopConfig:
     device: str = "auto"  # auto (CUDA when present) | cpu | cuda
     amp: str = "auto"  # auto (bf16 on CUDA, none on CPU) | bf16 | fp16 | none
     # CPU threads of torch; 0 = auto: one per core when OMP_WAIT_POLICY=PASSIVE (train.py sets it), else 1
-    # (vispe/train/threads.py; on a machine shared with other jobs see the README)
+    # (vispe/train/threads.py; on a machine shared with other jobs see docs/training.md)
     threads: int = 0
     compile: bool = False  # torch.compile the model
     # CPU runs are reproducible either way (tests/test_train_resume.py); true also asks for deterministic

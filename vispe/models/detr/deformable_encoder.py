@@ -68,9 +68,14 @@ class DeformableEncoder(nn.Module):
     """``num_layers`` deformable encoder layers over the tokens of ``num_levels`` levels.
 
     Args:
-        d_model, nheads, dim_feedforward, dropout, activation: as DETR's encoder (the paper's FFN is 1024).
+        d_model: as DETR's encoder.
+        nheads: as DETR's encoder.
         num_layers: layers (the paper's 6).
-        num_levels, num_points: levels L and sampling points P per head and level (the paper's 4, 4).
+        dim_feedforward: as DETR's encoder (the paper's FFN is 1024).
+        dropout: as DETR's encoder.
+        activation: as DETR's encoder.
+        num_levels: levels L (the paper's 4).
+        num_points: sampling points P per head and level (the paper's 4).
     """
 
     def __init__(self, d_model: int = 256, nheads: int = 8, num_layers: int = 6, dim_feedforward: int = 1024,

@@ -5,21 +5,13 @@ backbone, input projections, level embedding, encoder layers, decoder layers -- 
 rest (heads, query embeddings, ``reference_points``, two-stage ``enc_output`` / ``pos_trans``)
 untouched for the detector's loader. Two source layouts (``deformable_format``):
 
-=================  =====================================================  =========================================
-piece              transformers ``DeformableDetrForObjectDetection``       fundamentalvision/Deformable-DETR ``.pth``
-=================  =====================================================  =========================================
-backbone           ``model.backbone.model.*`` (v4: ``.conv_encoder.model``)  ``backbone.0.body.*``
-input projections  ``model.input_proj.{l}.{0,1}.*``                         ``input_proj.{l}.{0,1}.*``
-level embedding    ``model.level_embed``                                    ``transformer.level_embed``
-encoder layer i    ``model.encoder.layers.{i}.``: ``self_attn.*``,           ``transformer.encoder.layers.{i}.``:
-                   ``self_attn_layer_norm``, ``mlp.fc1/2`` (v4: ``fc1/2``),  ``self_attn.*``, ``norm1``, ``linear1/2``,
-                   ``final_layer_norm``                                    ``norm2``
-decoder layer i    ``model.decoder.layers.{i}.``: ``self_attn.{q,k,v,o}      ``transformer.decoder.layers.{i}.``:
-                   _proj`` (v4 ``out_proj``), ``self_attn_layer_norm``,      ``self_attn.in_proj_*``, ``out_proj``,
-                   ``encoder_attn.*``, ``encoder_attn_layer_norm``,          ``norm2`` (after self-attention!),
-                   ``mlp.fc1/2``, ``final_layer_norm``                       ``cross_attn.*``, ``norm1``, ``linear1/2``,
-                                                                           ``norm3``
-=================  =====================================================  =========================================
+| piece | transformers ``DeformableDetrForObjectDetection`` | fundamentalvision/Deformable-DETR ``.pth`` |
+|---|---|---|
+| backbone | ``model.backbone.model.*`` (v4: ``.conv_encoder.model``) | ``backbone.0.body.*`` |
+| input projections | ``model.input_proj.{l}.{0,1}.*`` | ``input_proj.{l}.{0,1}.*`` |
+| level embedding | ``model.level_embed`` | ``transformer.level_embed`` |
+| encoder layer i | ``model.encoder.layers.{i}.``: ``self_attn.*``, ``self_attn_layer_norm``, ``mlp.fc1/2`` (v4: ``fc1/2``), ``final_layer_norm`` | ``transformer.encoder.layers.{i}.``: ``self_attn.*``, ``norm1``, ``linear1/2``, ``norm2`` |
+| decoder layer i | ``model.decoder.layers.{i}.``: ``self_attn.{q,k,v,o}_proj`` (v4 ``out_proj``), ``self_attn_layer_norm``, ``encoder_attn.*``, ``encoder_attn_layer_norm``, ``mlp.fc1/2``, ``final_layer_norm`` | ``transformer.decoder.layers.{i}.``: ``self_attn.in_proj_*``, ``out_proj``, ``norm2`` (after self-attention!), ``cross_attn.*``, ``norm1``, ``linear1/2``, ``norm3`` |
 
 vispe's names (``targets``, prefixes the detector chooses): the backbone's ``body.*`` (torchvision's
 ResNet, ``MultiScaleResNet``), ``InputProjection``'s ``{l}.0`` / ``{l}.1``, ``LevelPositions``'

@@ -19,7 +19,6 @@ from torch import nn
 from torchvision.ops import box_convert, generalized_box_iou
 
 
-
 def _non_negative(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise ValueError(f"{name}={value!r}: expected a non-negative number")

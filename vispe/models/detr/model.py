@@ -42,7 +42,6 @@ from vispe.models.detr.relation import PositionRelation
 from vispe.models.detr.transformer import Transformer
 from vispe.registry import build_in, get
 
-
 BoxHead = MLP  # DETR's box MLP (``bbox_embed.layers.N``)
 
 
@@ -216,22 +215,34 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
             with ``num_channels``, ``stride`` and ``forward(images, mask)``.
         backbone_mask_aware: ResNets only: zero the padded area after every normalisation, so
             padding does not leak into the features (off by default: DETR/transformers parity).
-        pe, pe_kwargs: the encoding (any registered name) and its settings.
-        pe_at, query_pos_at: where position enters (``vispe.models.detr.placement``): a place
-            ("none", "input", "attn") for encoder and decoder, or {"encoder": ..., "decoder": ...,
-            "queries": ...}. DETR's default: "attn" everywhere.
-        dec_pe, dec_pe_kwargs: another encoding for the decoder's keys (default: the encoder's own
-            module when it is additive, shared as in DETR); with a positioned ``decoder`` it may be
-            rotary (queries rotated at their anchors).
+        pe: the encoding (any registered name).
+        pe_kwargs: its settings.
+        pe_at: where position enters (``vispe.models.detr.placement``): a place ("none", "input",
+            "attn") for encoder and decoder, or {"encoder": ..., "decoder": ..., "queries": ...}.
+            DETR's default: "attn" everywhere.
+        query_pos_at: where the learned query positions enter, a place as ``pe_at``.
+        dec_pe: another encoding for the decoder's keys (default: the encoder's own module when it
+            is additive, shared as in DETR); with a positioned ``decoder`` it may be rotary (queries
+            rotated at their anchors).
+        dec_pe_kwargs: its settings.
         grid: the feature grid (h, w) that encodings with grid-sized tables (learned_abs,
             relbias) are built for; others recompute at any grid.
-        num_queries, d_model, nheads, enc_layers, dec_layers, dim_feedforward, dropout: DETR's;
-            ``attn_dropout`` on attention weights (default ``dropout``, as nn.MultiheadAttention).
+        num_queries: DETR's number of object queries.
+        d_model: DETR's transformer width.
+        nheads: DETR's attention heads.
+        enc_layers: DETR's encoder layers.
+        dec_layers: DETR's decoder layers.
+        dim_feedforward: DETR's FFN width.
+        dropout: DETR's dropout; ``attn_dropout`` on attention weights (default ``dropout``, as
+            nn.MultiheadAttention).
         aux_loss: also return the outputs of every decoder layer (``aux_outputs``).
-        decoder, decoder_kwargs, box_bias, box_bias_kwargs: the query design ("detr", "conditional",
-            "dab") with its options, and Plain-DETR's box bias (``vispe.models.detr.designs``).
-        query_relation, query_relation_kwargs: "relation" for Relation-DETR's box-to-box bias on the
-            decoder's self-attention (``vispe.models.detr.relation``; decoder="dab" with boxes).
+        decoder: the query design ("detr", "conditional", "dab"; ``vispe.models.detr.designs``).
+        decoder_kwargs: its options.
+        box_bias: Plain-DETR's box bias ("boxrpb") or None.
+        box_bias_kwargs: its options.
+        query_relation: "relation" for Relation-DETR's box-to-box bias on the decoder's
+            self-attention (``vispe.models.detr.relation``; decoder="dab" with boxes).
+        query_relation_kwargs: its options.
         class_head: "softmax" (K + 1) or "sigmoid" (K, focal loss); default by design.
         activation: the FFNs' "relu" (DETR, Conditional DETR), "prelu" (DAB-DETR) or "gelu".
         init: "papers" (the Conditional DETR / DAB-DETR code's initialisation, default) or "legacy"

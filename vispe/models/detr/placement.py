@@ -2,18 +2,11 @@
 
 Three places, each ``"none"``, ``"input"`` or ``"attn"``:
 
-=============  =========================================================  =======================================
-place          ``"input"``                                                ``"attn"`` (DETR's default)
-=============  =========================================================  =======================================
-``encoder``    the 2D code is added once to the encoder's input tokens    added to q and k of every encoder
-               (a conditional encoding, PEG, is applied there too)        self-attention (rotary: q and k rotated;
-                                                                          bias: added to the logits)
-``decoder``    the 2D code is added once to the memory (keys and values   added to the keys of every decoder
-               of every cross-attention)                                  cross-attention
-``queries``    the learned query positions are the decoder's input        added to q and k of every decoder
-               (instead of zeros)                                         self-attention and to q of every
-                                                                          cross-attention
-=============  =========================================================  =======================================
+| place | ``"input"`` | ``"attn"`` (DETR's default) |
+|---|---|---|
+| ``encoder`` | the 2D code is added once to the encoder's input tokens (a conditional encoding, PEG, is applied there too) | added to q and k of every encoder self-attention (rotary: q and k rotated; bias: added to the logits) |
+| ``decoder`` | the 2D code is added once to the memory (keys and values of every cross-attention) | added to the keys of every decoder cross-attention |
+| ``queries`` | the learned query positions are the decoder's input (instead of zeros) | added to q and k of every decoder self-attention and to q of every cross-attention |
 
 What each family can do (anything else is refused with the reason):
 
@@ -34,8 +27,8 @@ What each family can do (anything else is refused with the reason):
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from vispe import _checks
 

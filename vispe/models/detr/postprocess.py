@@ -38,7 +38,7 @@ def postprocess(outputs: dict, orig_sizes: torch.Tensor, num_select: int = 100) 
     h, w = orig_sizes.float().unbind(-1)  # (B,) each
     scale = torch.stack([w, h, w, h], dim=-1)[:, None]  # (B, 1, 4)
     xyxy = box_convert(boxes.float(), "cxcywh", "xyxy") * scale  # (B, Q|S, 4)
-    return [{"scores": s, "labels": l, "boxes": b} for s, l, b in zip(scores, labels, xyxy)]
+    return [{"scores": s, "labels": lab, "boxes": b} for s, lab, b in zip(scores, labels, xyxy)]
 
 
 def to_coco_results(outputs: dict, targets: list[dict]) -> list[dict]:

@@ -3,18 +3,11 @@
 A strategy turns the model's learned query embedding (``query_embed.weight``) into, for every
 decoder layer, the contexts of its two attentions (``vispe.attention.PosContext``):
 
-=================  ====================================================================================
-``"detr"``         DETR (Carion et al., 2020): learned vectors ``p_q`` added to q/k of self-attention and to
-                   q of cross-attention (shared projections); no 2D position.
-``"conditional"``  Conditional DETR (Meng et al., ICCV 2021): a reference point ``r = sigmoid(MLP(p_q))``
-                   per query (fixed across layers); the cross-attention's spatial query is the anchor code
-                   ``A(r)`` scaled elementwise by ``FFN(t)`` of the decoder embedding (1 in layer 0), appended
-                   per head to q while the keys' code is appended to k (``PosContext.spatial``).
-``"dab"``          DAB-DETR (Liu et al., ICLR 2022): learned anchor boxes ``sigmoid(query_embed)`` (cx, cy,
-                   w, h) or points (``query_dim=2``), refined after every layer by the box head (``iter_refine``,
-                   the new anchor detached); ``p_q = MLP(A(anchor))``; the spatial query as Conditional's,
-                   with the y / x halves scaled by ``h_ref / h`` / ``w_ref / w`` (``modulate_hw``).
-=================  ====================================================================================
+| strategy | query position |
+|---|---|
+| ``"detr"`` | DETR (Carion et al., 2020): learned vectors ``p_q`` added to q/k of self-attention and to q of cross-attention (shared projections); no 2D position. |
+| ``"conditional"`` | Conditional DETR (Meng et al., ICCV 2021): a reference point ``r = sigmoid(MLP(p_q))`` per query (fixed across layers); the cross-attention's spatial query is the anchor code ``A(r)`` scaled elementwise by ``FFN(t)`` of the decoder embedding (1 in layer 0), appended per head to q while the keys' code is appended to k (``PosContext.spatial``). |
+| ``"dab"`` | DAB-DETR (Liu et al., ICLR 2022): learned anchor boxes ``sigmoid(query_embed)`` (cx, cy, w, h) or points (``query_dim=2``), refined after every layer by the box head (``iter_refine``, the new anchor detached); ``p_q = MLP(A(anchor))``; the spatial query as Conditional's, with the y / x halves scaled by ``h_ref / h`` / ``w_ref / w`` (``modulate_hw``). |
 
 Anchors are boxes in DETR's box format, (cx, cy[, w, h]) in unit coordinates of each image's valid
 area, because their inverse sigmoid is added to the box head's output; they reach the encodings as
@@ -116,7 +109,7 @@ class QueryPositions(nn.Module):
         self.d_model, self.queries_at = d_model, queries_at
 
     @classmethod
-    def build(cls, options: dict, c: StrategyContext) -> "QueryPositions":
+    def build(cls, options: dict, c: StrategyContext) -> QueryPositions:
         """The strategy for ``c`` from ``options`` (decoder_kwargs, checked against ``OPTIONS``; popped)."""
         return cls(c.d_model, queries_at=c.queries_at)
 

@@ -34,8 +34,8 @@ in every layer: ``pos_l = pos * MLP(x_l)``.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Sequence
 
 import torch
 from timm.layers import Mlp
