@@ -19,8 +19,8 @@ def _model(pe):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pe", vispe.available())
-def test_compiled_vit_matches_eager(pe):
+@pytest.mark.parametrize("pe", [n for n in vispe.available() if n not in ("liere", "comrope", "string", "lookhere")])
+def test_compiled_vit_matches_eager(pe):  # issue 38's four: one model, tests/test_image_rotary_blocks.py
     torch._dynamo.reset()
     m = _model(pe).train(False)
     x = torch.randn(2, 3, 16, 16, requires_grad=True)

@@ -22,6 +22,7 @@ import vispe
 from vispe.attention import Attention, PosContext
 from vispe.axis.rope import half_to_interleaved
 from vispe.encoding import GRID_KEY
+from vispe.lie import block_channels
 from vispe.registry import build_in
 
 DIM, HEADS, HD = 16, 2, 8
@@ -44,6 +45,10 @@ CONTRACT = {
     "relpos_decomposed": ("bias", True, True),  # SAM's per-axis tables, (2h-1, d) and (2w-1, d): grid-sized
     "log_cpb": ("bias", True, False),
     "peg": ("conditional", True, False),
+    "liere": ("rotary", True, True),  # its coordinates are built for the training grid (rescaled on load)
+    "comrope": ("rotary", True, False),
+    "string": ("rotary", True, False),
+    "lookhere": ("bias", False, False),  # fixed directions and slopes; prefix scalars only with prefix tokens
 }
 #: the default build of every registered name, plus variants that learn or index differently
 CASES = [(name, {}) for name in CONTRACT] + [
@@ -54,6 +59,9 @@ CASES = [(name, {}) for name in CONTRACT] + [
     ("rope_axial", dict(scaling="yarn", ref_grid=(2, 3))), ("rope_mixed", dict(scaling="pi", ref_grid=(2, 3))),
     ("sine", dict(center=True)), ("sincos2d", dict(center=True, mask_aware=True)),
     ("normidx2d", dict(center=True, mask_aware=True)),
+    ("liere", dict(block_size=2)), ("liere", dict(block_size=4, coords="normalized")), ("comrope", dict(variant="ap", block_size=2)),
+    ("comrope", dict(variant="ap", block_size=4)), ("string", dict(variant="circulant")),
+    ("lookhere", dict(variant="lh45", fill_with="max")),
 ]
 IDS = [name + "".join(f"-{k}={v}" for k, v in kw.items()) for name, kw in CASES]
 
@@ -175,13 +183,17 @@ def test_checkpoint_saved_at_3x5_loads_at_5x3_by_the_encodings_own_rule(name, kw
 def test_interleaved_rope_layout_through_attention_equals_rotate_half_with_permuted_weights(name):
     """An Attention whose q/k channels are laid out interleaved gives the same output as the
     rotate-half one: the layout option reaches the rotation (timm#2692)."""
-    half = build(name, prefix=1, layout="half").eval()
-    inter = build(name, prefix=1, layout="interleaved").eval()
+    kw = {"block_size": 4} if name in ("liere", "comrope") else {}  # blocks smaller than a head: a layout to choose
+    half = build(name, prefix=1, layout="half", **kw).eval()
+    inter = build(name, prefix=1, layout="interleaved", **kw).eval()
     inter.load_state_dict(half.state_dict())
     torch.manual_seed(1)
     a = Attention(DIM, HEADS, qkv_bias=True, pe=half)
     b = Attention(DIM, HEADS, qkv_bias=True, pe=inter)
-    perm = half_to_interleaved(torch.arange(HD))  # channel order of a head in the interleaved layout
+    g = half.block_size if 2 < half.block_size < HD else 2  # channels grouped by the layout (pairs, or blocks)
+    perm = block_channels(HD, g, "half").reshape(-1)  # channel order of a head in the interleaved layout
+    if g == 2:
+        assert torch.equal(perm, half_to_interleaved(torch.arange(HD)))
     rows = torch.arange(3 * DIM).view(3, HEADS, HD)
     rows[:2] = rows[:2, :, perm]  # q and k rows of every head; v unchanged
     with torch.no_grad():

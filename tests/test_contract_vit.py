@@ -28,6 +28,10 @@ VIT_INVARIANCE = {
     "peg": (True, True, ""),  # zeros padding is mask-aware: padded features are zeroed
     "relbias_axis": (True, True, ""),  # relative offsets of valid tokens do not depend on the canvas
     "irpe": (True, True, ""),  # idem
+    "liere": (True, True, ""),  # mask-aware: LieRE's coordinates over each image's valid extent
+    "comrope": (True, True, ""),  # mask-aware: unit coordinates of each image's valid area
+    "string": (True, True, ""),  # mask-aware, as RoPE
+    "lookhere": (True, True, ""),  # offsets of valid tokens do not depend on the canvas; centres per image
     "sincos2d": (True, False, "integer index from the top-left corner, not mask-aware by default"),
     "axis2d": (True, False, "integer index from the top-left corner, not mask-aware by default"),
     "learned_rowcol": (True, False, "DETR's row/column tables are read by index from the top-left corner"),

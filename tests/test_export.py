@@ -52,7 +52,12 @@ def _check_program(model, program):
         torch.testing.assert_close(run_onnx(sess, x), want, atol=1e-4, rtol=1e-4)  # onnxruntime
 
 
-@pytest.mark.parametrize("pe", vispe.available())
+#: issue 38's encodings are exported together, one per layer of one model, in
+#: tests/test_image_rotary_blocks.py (separate exports of each cost ~60 s more)
+BLOCKS = ("liere", "comrope", "string", "lookhere")
+
+
+@pytest.mark.parametrize("pe", [n for n in vispe.available() if n not in BLOCKS])
 def test_onnx_export_of_every_encoding_runs_at_any_size(pe):
     warnings.filterwarnings("ignore")
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)

@@ -5,7 +5,8 @@
   timm's layout), none with ``no_embed_class``; every other additive encoding gives prefix tokens
   no position (they enter the blocks as timm's cls/reg tokens), unless ``pe_kwargs`` asks for
   ``num_prefix_tokens``;
-* rotary: prefix tokens unrotated (angle 0);
+* rotary: prefix tokens unrotated (angle 0; block rotations: the rotation at coordinate 0, the
+  identity except for STRING, whose returned R(p) = RoPE(p) P has R(0) = P);
 * bias: learned per-head scalars for the prefix rows and columns (BEiT's rule);
 * conditional: prefix tokens pass through the PEG unchanged;
 * none: no position at all.
@@ -54,8 +55,16 @@ def test_prefix_rule_of_each_family(pe, no_embed_class):
             q, k = torch.randn(2, 2, 2, P + 6, 16).unbind(0)
             rq, rk = rope.rotate_qk(attn.pe, torch.stack([q, k]), ctx.shape, ctx.mask, ctx.num_prefix_tokens,
                                     impl=attn.rope_impl).unbind(0)  # (B, heads, P+N, hd) each
-            torch.testing.assert_close(rq[:, :, :P], q[:, :, :P], rtol=0, atol=0)  # unrotated
-            torch.testing.assert_close(rk[:, :, :P], k[:, :, :P], rtol=0, atol=0)
+            zero = attn.pe.zero_rotation() if hasattr(attn.pe, "zero_rotation") else None
+            if zero is not None:  # STRING: R(0) = P, the paper's identity in its frame (vispe.image.string)
+                from vispe.kernels.rope_blocks import apply_blocks
+
+                q, k = (apply_blocks(t, torch.cat([zero[None, :, None].expand(2, 2, P, -1, -1, -1),
+                                                   torch.eye(16).expand(2, 2, 6, 1, 16, 16)], 2), attn.pe.layout)
+                        for t in (q, k))  # what R(0) gives: P on the prefix, the grid as it was
+            tol = dict(rtol=1e-6, atol=1e-6) if zero is not None else dict(rtol=0, atol=0)  # P: one product
+            torch.testing.assert_close(rq[:, :, :P], q[:, :, :P], **tol)  # unrotated
+            torch.testing.assert_close(rk[:, :, :P], k[:, :, :P], **tol)
             assert (rq[:, :, P:] - q[:, :, P:]).abs().max() > 1e-3  # the grid tokens are rotated
         elif fam == "bias":
             enc = m.blocks[0].attn.pe

@@ -33,7 +33,9 @@ per-call inputs, each optional, on the same layer:
 * a rotary ``pe`` in cross-attention: keys are rotated at their grid cells (``memory_ctx.shape``,
   mask-aware), queries at ``ctx.coords`` (B|1, Lq, 2), continuous (y, x) in unit coordinates of the
   valid area (``PositionEncoding.at``), so q.k depends only on the query-to-key offset; both by
-  ``vispe.kernels.rope`` with the layer's ``rope_impl``;
+  ``vispe.kernels.rope`` with the layer's ``rope_impl`` (block rotations, ``pe.block_size > 2``,
+  through ``vispe.kernels.rope_blocks``: relative where the encoding is, i.e. ComRoPE, STRING,
+  LieRE with 2x2 blocks);
 * ``bias`` (B|1, heads, Lq, Lk), an additive logit bias from the caller (Plain-DETR's box bias).
 
 Tokens are ``[prefix (P), grid (h*w, row-major)]``; a context without a grid (``shape=None``,

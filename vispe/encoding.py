@@ -6,13 +6,28 @@ signature depends only on the family, so that models never special-case an encod
 | family | forward(...) | returns |
 |---|---|---|
 | ``additive`` | ``(shape, mask=None, *, device, dtype)`` | ``(B|1, h*w, dim)`` |
-| ``rotary`` | ``(shape, mask=None, *, device)`` | angles ``(B|1, heads|1, h*w, head_dim/2)`` float32 |
+| ``rotary`` | ``(shape, mask=None, *, device)`` | angles ``(B|1, heads|1, h*w, head_dim/2)`` float32, or block rotations (below) |
 | ``bias`` | ``(shape, mask=None, *, device, dtype, q=None)`` | ``(B|1, heads, P+h*w, P+h*w)`` |
 | ``conditional`` | ``(x (B, C, h, w), mask=None)`` | ``(B, C, h, w)`` term to add |
 | ``none`` | anything | ``None`` |
 
 ``shape`` is the token grid ``(h, w)``; ``mask`` is a padding mask ``(B, h, w)``, True = padding.
 Tokens are flattened row-major: token ``i`` sits at ``(y, x) = divmod(i, w)``.
+
+Rotary encodings come in two forms, told apart by ``pe.block_size`` (the one extension of the
+rotary contract for rotations that are not independent 2x2 planes, issue 38):
+
+* ``block_size == 2`` (every RoPE): float32 angles ``(B|1, heads|1, N, head_dim/2)``; channel pair i
+  is rotated by angle i (pairs per ``layout``: "half" (i, i + head_dim/2), "interleaved" (2i, 2i+1)).
+* ``block_size == b > 2`` (``liere``, ``comrope``, ``string``): float32 block rotations
+  ``(B|1, heads|1, N, head_dim/b, b, b)``, one orthogonal b x b matrix per token, head and block of
+  channels; block j acts on the channels ``vispe.lie.block_channels(head_dim, b, layout)[j]``
+  ("interleaved": consecutive channels [j b, (j+1) b), the references' layout; "half": strided
+  channels j, j + head_dim/b, ...; both reduce to the angle pairs for b = 2).
+
+Both forms are applied by the same entry point, ``vispe.kernels.rope.rotate_qk`` (the block form
+by ``vispe.kernels.rope_blocks``), in self-attention and, at continuous coordinates (``at``), in
+cross-attention; the prefix rule, mask handling, float32 math and ``at`` are the same for both.
 
 Prefix tokens (class, register), ``P = num_prefix_tokens``:
 
@@ -47,9 +62,10 @@ top/left edge, 1 = its bottom/right edge; the centre of cell i of n is (i + 0.5)
 ``extent`` (B|1, 2) is the valid size (h, w) in cells of the grid the encoding runs on beside
 these points (a DETR's feature map), needed by encodings that count cells (RoPE's "index"
 coordinates); encodings that work in unit coordinates ignore it. Additive encodings return
-``(B|1, N, dim)`` in ``dtype``; rotary ones float32 angles ``(B|1, heads|1, N, head_dim/2)``, so
-that a query rotated at ``at(coords)`` and a key rotated on the grid have logits that depend only on
-their offset. ``supports_coords`` says whether an encoding has values between its cells; one that
+``(B|1, N, dim)`` in ``dtype``; rotary ones float32 angles ``(B|1, heads|1, N, head_dim/2)`` (block
+rotations ``(B|1, heads|1, N, head_dim/b, b, b)`` for ``block_size > 2``), so that a query rotated
+at ``at(coords)`` and a key rotated on the grid have logits that depend only on their offset
+(wherever the encoding has the relative property: not LieRE with non-commuting blocks). ``supports_coords`` says whether an encoding has values between its cells; one that
 has not (a learned table, a relative-bias table, a convolution) refuses with the reason
 (``coords_refusal``). Each encoding's docstring says how its grid cells map to unit coordinates.
 """
@@ -204,8 +220,11 @@ class RotaryEncoding(PositionEncoding):
     family = "rotary"
     head_dim: int
     num_heads: int
-    #: how q/k channels are paired: "half" (rotate-half, GPT-NeoX/EVA/timm) or "interleaved" (RoFormer)
+    #: how q/k channels are paired: "half" (rotate-half, GPT-NeoX/EVA/timm) or "interleaved" (RoFormer);
+    #: for block rotations, how channels are grouped in blocks (module docstring)
     layout: str = "half"
+    #: 2: ``forward`` returns angles; b > 2: block rotations of b x b (module docstring)
+    block_size: int = 2
 
 
 class BiasEncoding(PositionEncoding):

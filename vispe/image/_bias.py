@@ -18,8 +18,9 @@ Prefix tokens (class, register), BEiT's rule generalised to P tokens, zero-initi
 * ``prefix_to_prefix`` (heads, P, P): prefix query p to prefix key p'
 
 With P = 1 this is BEiT's three extra table entries (timm's ``gen_relative_position_index`` with
-``class_token=True``). Padding mask: no 2D bias here depends on it (``mask_aware`` False); padded
-keys are hidden by the attention's key-padding mask.
+``class_token=True``). Padding mask: padded keys are hidden by the attention's key-padding mask; a
+bias that depends on the padding mask (``mask_aware``: LookHere's centre heads) gets it as
+``grid_bias(..., mask=mask)``, the others do not see it.
 """
 from __future__ import annotations
 
@@ -144,7 +145,8 @@ class BiasBase(BiasEncoding):
             q = None  # a non-contextual bias does not read the queries
         device = self.resolve_device(device, q)
         with float32_math(device):
-            bias = self.add_prefix(self.grid_bias(shape, device, q))  # (1|B, H, P+N, P+N) float32
+            kw = {"mask": mask} if self.mask_aware else {}  # a mask-aware bias reads the padding mask
+            bias = self.add_prefix(self.grid_bias(shape, device, q, **kw))  # (1|B, H, P+N, P+N) float32
         return bias if dtype is None else bias.to(dtype)
 
     def extra_repr(self) -> str:

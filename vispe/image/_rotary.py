@@ -248,8 +248,19 @@ class RotaryBase(RotaryEncoding):
     def _augmenting(self) -> bool:
         return self.training and (self.shift > 0 or self.jitter > 0 or self.stretch > 1 or self.rescale > 1)
 
+    #: whether ``convention`` maps the coordinates further (a subclass's own reference convention)
+    has_convention = False
+
+    def convention(self, coords: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        """Coordinates of a ``coords`` mode (B|1, N, 2) on a grid of ``n`` (B|1, 1, 2) valid cells per
+        axis (None from ``at`` without an extent) mapped to a subclass's own convention (LieRE's,
+        ComRoPE's; ``has_convention``)."""
+        return coords
+
     def grid_angles(self, shape: tuple[int, int], mask: torch.Tensor | None, device: torch.device) -> torch.Tensor:
         coords = valid_coords(shape, mask, self.coords, device=device) + self.offset  # (B|1, N, 2)
+        if self.has_convention:
+            coords = self.convention(coords, valid_extent(mask, shape, device)[:, None])  # (B|1, N, 2)
         if self.normalize_coords != "separate":  # (c + 1) / 2 * n = i + 0.5, then over min / max side
             n = valid_extent(mask, shape, device)[:, None]  # (B|1, 1, 2)
             d = n.amin(-1, keepdim=True) if self.normalize_coords == "min" else n.amax(-1, keepdim=True)  # (B|1, 1, 1)
@@ -286,6 +297,8 @@ class RotaryBase(RotaryEncoding):
                              "only; expected normalize_coords='separate' for continuous coordinates")
         with float32_math(coords.device):
             c = unit_to_grid(coords, n, self.coords) + self.offset  # (B|1, N, 2) in the grid's convention
+            if self.has_convention:
+                c = self.convention(c, n)  # n may be None (extent not given)
             if self.ref_grid is not None:
                 if n is None:
                     raise ValueError("extent=None with ref_grid set: expected the valid (h, w) in cells")

@@ -21,6 +21,9 @@ tensor per half, a ``cat``); this module is what the attention layer runs by def
   ``rotate`` is the plain out-of-place expression differentiated by autograd: the compiler fuses
   it, and the in-place kernels above break Inductor at symbolic sizes.
 
+Block rotations (the rotary contract's second form, ``pe.block_size > 2``: LieRE, ComRoPE,
+STRING) enter through the same ``rotate_qk`` and are applied by ``vispe.kernels.rope_blocks``.
+
 Pairing (``layout``) as ``apply_rope``: "half" pairs channel i with i + d/2, "interleaved" pairs
 2i with 2i + 1; pair (x1, x2) at angle a becomes (x1 cos a - x2 sin a, x2 cos a + x1 sin a).
 """
@@ -162,9 +165,15 @@ def rotate_qk(pe, qk: torch.Tensor, shape: tuple[int, int], mask: torch.Tensor |
     """q and k stacked, ``qk`` (2, B, H, P+N, d) (or any (..., P+N, d)), rotated by encoding ``pe``.
 
     ``impl``: "auto" / "fused" (``tables_for`` + ``rotate``), "compiled", or "reference"
-    (``apply_rope`` of freshly computed angles, the readable definition).
+    (``apply_rope`` of freshly computed angles, the readable definition). An encoding that returns
+    block rotations (``pe.block_size > 2``, ``vispe.encoding``) is applied by
+    ``vispe.kernels.rope_blocks.rotate_qk`` whatever ``impl`` says (one kernel for that form).
     """
     _checks.choice("impl", impl, ROPE_IMPLS)
+    if getattr(pe, "block_size", 2) > 2:  # block rotations, the contract's second form: one kernel for them
+        from vispe.kernels import rope_blocks  # (impl chooses among the angle kernels above)
+
+        return rope_blocks.rotate_qk(pe, qk, shape, mask, num_prefix_tokens)
     L = qk.shape[-2]
     if impl == "reference":
         from vispe.axis.rope import apply_rope
@@ -185,6 +194,10 @@ def rotate_at(pe, x: torch.Tensor, coords: torch.Tensor, extent: torch.Tensor | 
     cross-attention, by the kernels and ``impl`` of ``rotate_qk`` (gradients reach learned angles and
     coordinates that need them)."""
     _checks.choice("impl", impl, ROPE_IMPLS)
+    if getattr(pe, "block_size", 2) > 2:  # block rotations, the contract's second form (vispe.kernels.rope_blocks)
+        from vispe.kernels import rope_blocks
+
+        return rope_blocks.rotate_at(pe, x, coords, extent)
     angles = pe.at(coords, extent)  # (B|1, H|1, L, d/2) float32
     if angles.shape[-2] != x.shape[-2]:
         raise ValueError(f"the encoding gives {angles.shape[-2]} angles at coords {tuple(coords.shape)}: expected "

@@ -15,6 +15,8 @@ Where each family goes (one rule per family, tested):
   position unless ``pe_kwargs={"num_prefix_tokens": P}`` asks for its own learned vectors.
 * rotary: one encoding per layer (``blocks[i].attn.pe``); prefix tokens stay unrotated.
 * bias: one encoding per layer; prefix rows/columns are the encoding's learned scalars.
+  Each layer's rotary or bias encoding is built with ``layer`` (its index) and ``depth`` in its
+  context, taken by encodings whose settings vary with depth (LookHere's layer slopes).
 * conditional (PEG): ``model.pe`` applied to the grid tokens after the blocks in ``peg_blocks``
   (CPVT: after the first); prefix tokens pass through.
 * none: no position at all (the model is then permutation-equivariant over patches).
@@ -116,8 +118,8 @@ class VispeViT(TokenLoop, TimmPosEmbedKeys, VisionTransformer):
         if family in ("additive", "conditional"):
             self.pe = build_in(pe, context, **pe_kwargs)
         elif family in ("rotary", "bias"):
-            for blk in self.blocks:
-                blk.attn.set_pe(build_in(pe, context, **pe_kwargs))
+            for i, blk in enumerate(self.blocks):  # per-layer settings (LookHere's layer slopes) read layer, depth
+                blk.attn.set_pe(build_in(pe, {**context, "layer": i, "depth": len(self.blocks)}, **pe_kwargs))
         elif pe_kwargs:
             raise ValueError(f"pe_kwargs={pe_kwargs!r}: the encoding {pe!r} takes no settings")
 

@@ -15,6 +15,13 @@ What each family can do (anything else is refused with the reason):
   object queries have no 2D position; give the decoder an additive ``dec_pe`` (e.g. ``"sine"``)
   or ``decoder="none"``; positioned queries (``create_detr(decoder="conditional" | "dab")``) take
   a rotary encoding in the decoder too, rotated at their anchors;
+* block rotations (``liere``, ``comrope``, ``string``: rotary encodings with ``block_size > 2``) go
+  where rotary ones go, by the same rules: encoder self-attention, and with positioned queries the
+  decoder's cross-attention, each query rotated at its anchor (``at``, block form through
+  ``vispe.kernels.rope_blocks``). Accepted for all three because each is defined at any point;
+  only ComRoPE and STRING (and LieRE with 2 x 2 blocks) keep a query-key logit a function of the
+  anchor-to-cell offset alone: LieRE's larger blocks do not commute, so its logits also depend on
+  where the anchor is. ``lookhere`` is a bias: encoder ``"attn"`` only, as every bias;
 * conditional (PEG): encoder ``"input"`` only (on the projected feature map, CPVT's placement);
 * none: no position anywhere, whatever the places say.
 """

@@ -1,0 +1,122 @@
+"""ComRoPE: RoPE with trainable commuting angle matrices (Yu et al., CVPR 2025; Longin-Yu/ComRoPE).
+
+A token at (y, x) rotates q and k by ``R(y, x) = exp(y A_y + x A_x)`` where the block-diagonal
+skew-symmetric angle matrices A_y, A_x commute, so ``R(p)^T R(p') = R(p' - p)``: logits depend
+only on offsets, exactly, for any block size. Two ways to make them commute (the reference's
+``model.py``, ``ComRoPEAPAttention`` and ``ComRoPELDAttention``), ``variant``:
+
+* ``"ld"`` (default; "linearly dependent"): one matrix per head and block, ``B = P - P^T``, scaled
+  per axis and block: ``A_k = m_k B``; ``P ~ N(0, init_std^2)`` (heads, head_dim/b, b, b),
+  ``m ~ N(0, 1)`` (2, head_dim/b) shared by the heads (the reference's ``multiplier``);
+* ``"ap"`` ("axis-partitioned"): block j belongs to axis ``j mod 2`` (y for even blocks, x for odd),
+  ``A = P - P^T`` on its blocks and 0 on the other axis's; ``P ~ N(0, init_std^2)``.
+
+B is stored as its strict upper triangle, ``upper`` (``B = triu(upper, 1) - triu(upper, 1)^T``,
+entries N(0, 2 init_std^2): the distribution of the reference's P - P^T; the symmetric part of P
+never mattered); a reference ``freqs`` P converts as ``upper = P - P^T``.
+
+Conventions of the reference, the defaults here: ``init_std`` 1 (its config default);
+``block_size`` 8; coordinates ``coords="unit"``: the patch centre in unit coordinates of the (valid)
+image, ``(i + 0.5) / n`` per axis (the reference's ``axis_scale=True``), so any grid maps to
+(0, 1): position interpolation by construction ("index", "normalized", "centered" as
+``vispe.image._rotary``); channel layout: block j on channels [j b, (j+1) b). Not reproduced: the
+reference rotates its class token at the image centre (``cls_position=0.5``); vispe's rotary rule
+leaves prefix tokens unrotated (``vispe.encoding``), which is what its other rotary encodings do.
+The block size of the paper's tables was not read here (the reference's config default is 2, where
+ComRoPE is RoPE with learned frequencies); 8 is a choice, documented as such.
+
+Cost: the blocks commute, so ``R(y, x) = exp(y A_y) exp(x A_x)``: exponentials are taken once per
+distinct y and once per distinct x (h + w per grid instead of h w), and the two factors multiplied
+per token ("ld"); with "ap" each block depends on one axis only and needs no product. In eval mode
+without gradients the rotations of a grid are cached (``vispe.image._blocks``). b = 2 returns angles.
+
+Grid change: recomputed at any (h, w); with unit coordinates a larger grid is a finer sampling of
+the same (0, 1) range. No resolution ``scaling`` (nothing to scale in unit coordinates).
+Parameters: ``upper`` (heads, head_dim/b, b, b) and, for "ld", ``multiplier`` (2, head_dim/b).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vispe import _checks, lie
+from vispe.image._blocks import BlockRotaryBase
+from vispe.registry import register
+
+VARIANTS = ("ld", "ap")
+COORDS = ("unit", "index", "normalized", "centered")
+
+
+@register("comrope")
+class ComRoPE(BlockRotaryBase):
+    """ComRoPE (module docstring).
+
+    Args: ``head_dim``, ``num_heads``, ``variant`` ("ld" | "ap"), ``block_size`` (8, at most
+    head_dim; "ap" needs head_dim / block_size even), ``init_std`` (1.0), ``coords`` ("unit" |
+    "index" | "normalized" | "centered"), ``layout`` ("interleaved" | "half"), and
+    ``vispe.image._rotary.RotaryBase``'s ``dim``, ``grid``, ``num_prefix_tokens``, ``scale``,
+    ``shift``, ``jitter``, ``stretch``, ``rescale``, ``generator``, ``ref_grid``.
+    """
+
+    SCALINGS = ("none",)
+    scaling_refusal = "ComRoPE's unit coordinates map every grid to (0, 1) already (interpolation built in)"
+    has_convention = True
+
+    def __init__(self, head_dim: int, num_heads: int, *, variant: str = "ld", block_size: int = 8,
+                 init_std: float = 1.0, coords: str = "unit", dim: int | None = None, grid=None,
+                 num_prefix_tokens: int = 0, layout: str = "interleaved", scale: float = 1.0, shift: float = 0.0,
+                 jitter: float = 0.0, stretch: float = 1.0, rescale: float = 1.0,
+                 generator: torch.Generator | None = None, ref_grid=None, scaling: str = "none") -> None:
+        _checks.choice("coords", coords, COORDS)
+        super().__init__(head_dim, num_heads, dim=dim, grid=grid, num_prefix_tokens=num_prefix_tokens,
+                         layout=layout, coords="centered" if coords == "unit" else coords, scale=scale,
+                         shift=shift, jitter=jitter, stretch=stretch, rescale=rescale, generator=generator,
+                         ref_grid=ref_grid, scaling=scaling)
+        self.comrope_coords = coords
+        self.variant = _checks.choice("variant", variant, VARIANTS)
+        self._init_blocks(min(block_size, head_dim) if isinstance(block_size, int) else block_size)
+        b, nb = self.block_size, head_dim // self.block_size
+        if variant == "ap" and nb % 2:
+            raise ValueError(f"variant='ap' with head_dim={head_dim}, block_size={b}: expected an even number of "
+                             f"blocks (head_dim / block_size = {nb}), half for y and half for x")
+        self.init_std = _checks.positive_float("init_std", init_std)
+        # B = P - P^T of the reference (P ~ N(0, std^2)) has independent N(0, 2 std^2) entries above the
+        # diagonal: stored as that strict upper triangle (adding a symmetric part to P changes nothing)
+        self.upper = nn.Parameter(torch.randn(num_heads, nb, b, b) * (init_std * 2 ** 0.5))  # (heads, nb, b, b)
+        self.multiplier = nn.Parameter(torch.randn(2, nb)) if variant == "ld" else None  # (2, nb) y, x
+
+    def convention(self, coords, n):
+        """"unit": (c + 1) / 2 of the "centered" coordinates, i.e. (i + 0.5) / n."""
+        return (coords + 1) / 2 if self.comrope_coords == "unit" else coords
+
+    def axis_generators(self) -> torch.Tensor:
+        """A_y and A_x, float32 (0 on the other axis's blocks for "ap").  # (heads, 2, nb, b, b)"""
+        B = lie.skew_from_upper(self.upper.float())  # (H, nb, b, b)
+        if self.variant == "ld":
+            return self.multiplier.float()[None, :, :, None, None] * B[:, None]  # (H, 2, nb, b, b)
+        axis = torch.arange(B.shape[1], device=B.device) % 2  # (nb,) block j -> axis j mod 2
+        onehot = (axis[None, :] == torch.arange(2, device=B.device)[:, None]).to(B.dtype)  # (2, nb)
+        return onehot[None, :, :, None, None] * B[:, None]
+
+    def angles(self, coords: torch.Tensor, s: torch.Tensor | None = None) -> torch.Tensor:
+        """Block rotations exp(y A_y) exp(x A_x), per distinct y and x.  # (B|1, heads, N, nb, b, b)"""
+        A = self.axis_generators().to(coords.device)  # (H, 2, nb, b, b)
+        Bc, N, _ = coords.shape
+        if self.block_size == 2:  # commuting planes: a rotation by -(y u_y + x u_x)
+            return -torch.einsum("bnk,hkj->bhnj", coords, A[..., 0, 1])  # (B|1, H, N, nb)
+        flat = coords.reshape(Bc * N, 2)  # (M, 2)
+
+        def along(k: int) -> torch.Tensor:  # exp(p_k A_k) once per distinct p_k  # (M, H, nb, b, b)
+            return lie.per_value(flat[:, k:k + 1], lambda v: lie.expm(v[:, :, None, None, None] * A[None, :, k]))
+
+        if self.variant == "ap":  # block j depends on axis j mod 2 only: no product
+            ry, rx = along(0), along(1)  # (M, H, nb, b, b) each
+            even = (torch.arange(A.shape[2], device=A.device) % 2 == 0)[:, None, None]  # (nb, 1, 1)
+            R = torch.where(even, ry, rx)
+        else:
+            R = torch.matmul(along(0), along(1))  # commuting factors
+        return R.view(Bc, N, *R.shape[1:]).transpose(1, 2)  # (B|1, H, N, nb, b, b)
+
+    def extra_repr(self) -> str:
+        return (f"{super().extra_repr()}, variant={self.variant!r}, comrope_coords={self.comrope_coords!r}, "
+                f"init_std={self.init_std:g}")

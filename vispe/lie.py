@@ -1,0 +1,123 @@
+"""Rotations from skew-symmetric generators: the math of the block-rotation encodings.
+
+``liere``, ``comrope`` and ``string`` rotate q and k by ``R(p) = exp(sum_k p_k A_k)`` with learned
+skew-symmetric generators ``A_k`` (block-diagonal, blocks of ``b`` channels). Here:
+
+* ``skew_from_upper(raw)`` (LieRE: ``triu(raw, 1) - triu(raw, 1)^T``) and ``skew(p)`` (ComRoPE:
+  ``p - p^T``) build generators from free parameters;
+* ``expm(a)``: the exponential of a batch of square matrices by scaling and squaring of a Taylor
+  polynomial, written with matmul / where only, so torch.export and the ONNX exporter record it
+  (``torch.linalg.matrix_exp`` has no ONNX form); each matrix gets its own number of squarings
+  (``ceil(log2(|a|_inf / 0.5))``), float32 accuracy against ``torch.linalg.matrix_exp`` about 1e-6
+  for ``|a| < 10`` (tests/test_image_rotary_blocks.py);
+* ``cayley(s)``: ``(I - s)(I + s)^-1``, orthogonal for skew-symmetric ``s`` (STRING);
+* ``rotation_2x2(angles)``: the block-diagonal rotation of angles, as (..., n, 2, 2) blocks;
+* ``per_value(values, fn)``: ``fn`` evaluated once per distinct value of ``values`` and gathered
+  back (the "exponentiate per distinct coordinate" saving; plain evaluation while tracing, where
+  ``torch.unique``'s data-dependent size cannot be recorded).
+
+Everything is float32 (float64 for float64 inputs); callers turn autocast off.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from vispe import _tracing
+
+#: Taylor degree and the norm each matrix is scaled to before squaring: remainder
+#: 0.5^9 / 9! * e^0.5 ~ 1e-8, below float32 rounding
+TAYLOR_DEGREE = 8
+SCALED_NORM = 0.5
+#: squarings recorded under torch.compile / torch.export (eager uses the batch's own maximum):
+#: enough for generators of norm up to 0.5 * 2^16
+MAX_SQUARINGS = 16
+#: Newton-Schulz steps of ``cayley`` while tracing: converged for condition numbers up to ~5e4 (|S| up to ~200)
+NEWTON_SCHULZ = 20
+
+
+def skew_from_upper(raw: torch.Tensor) -> torch.Tensor:
+    """``triu(raw, 1) - triu(raw, 1)^T`` (LieRE's generator from its raw parameter).  # raw.shape"""
+    upper = raw.triu(1)
+    return upper - upper.transpose(-1, -2)
+
+
+def skew(p: torch.Tensor) -> torch.Tensor:
+    """``p - p^T`` (ComRoPE's angle matrix from its parameter).  # p.shape"""
+    return p - p.transpose(-1, -2)
+
+
+def _squarings(a: torch.Tensor) -> torch.Tensor:
+    """How many times each matrix is halved: ceil(log2(|a|_inf / SCALED_NORM)), at least 0.  # a.shape[:-2]"""
+    norm = a.abs().sum(-1).amax(-1)  # (...,) the infinity norm bounds the spectral one
+    s = torch.ceil(torch.log2(norm.clamp(min=1e-30) / SCALED_NORM))
+    return s.clamp(min=0, max=MAX_SQUARINGS)
+
+
+def expm(a: torch.Tensor) -> torch.Tensor:
+    """``exp(a)`` of square matrices ``a`` (..., b, b), by scaling and squaring.  # a.shape
+
+    Differentiable (autograd through the products), recorded by torch.export / torch.compile
+    (a fixed number of squarings there, each matrix squared only its own number of times)."""
+    if a.shape[-1] != a.shape[-2]:
+        raise ValueError(f"a has shape {tuple(a.shape)}: expected square matrices (..., b, b)")
+    s = _squarings(a.detach())  # (...,)
+    x = a * torch.exp2(-s)[..., None, None]  # (..., b, b) norm <= 0.5
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    e = eye.expand_as(x)
+    for k in range(TAYLOR_DEGREE, 0, -1):  # Horner: I + x (I + x/2 (I + ... x/m))
+        e = eye + torch.matmul(x, e) / k
+    if _tracing.is_tracing():
+        rounds = MAX_SQUARINGS
+    else:
+        rounds = int(s.max()) if s.numel() else 0
+    for i in range(rounds):
+        e = torch.where((s > i)[..., None, None], torch.matmul(e, e), e)
+    return e
+
+
+def cayley(s: torch.Tensor) -> torch.Tensor:
+    """``(I - s)(I + s)^-1`` of skew-symmetric ``s`` (an orthogonal matrix).  # s.shape
+
+    Eager: one ``torch.linalg.solve``. While torch.compile / torch.export records (the ONNX exporter
+    has no solve): ``(I + s)^-1 = (I - s)(I - s^2)^-1`` with ``I - s^2 = I + s^T s`` symmetric
+    positive definite (eigenvalues >= 1), inverted by ``NEWTON_SCHULZ`` Newton-Schulz steps."""
+    eye = torch.eye(s.shape[-1], dtype=s.dtype, device=s.device).expand_as(s)
+    if not _tracing.is_tracing():
+        # (I - s) and (I + s)^-1 commute: (I + s)^-1 (I - s), one solve
+        return torch.linalg.solve(eye + s, eye - s)
+    m = eye - torch.matmul(s, s)  # (..., d, d) SPD
+    x = eye / m.abs().sum(-1).amax(-1)[..., None, None]  # I / |m|_inf: |I - m x| < 1
+    for _ in range(NEWTON_SCHULZ):
+        x = torch.matmul(x, 2 * eye - torch.matmul(m, x))
+    return torch.matmul(torch.matmul(eye - s, eye - s), x)
+
+
+def rotation_2x2(angles: torch.Tensor) -> torch.Tensor:
+    """Rotation blocks ``[[cos a, -sin a], [sin a, cos a]]`` of ``angles`` (...,).  # (..., 2, 2)"""
+    c, s = angles.cos(), angles.sin()
+    return torch.stack([torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2)
+
+
+def per_value(values: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``fn(values)`` computed once per distinct value (row) of ``values`` (M, k) and gathered back.
+
+    ``fn`` maps (U, k) rows to (U, ...) results; the result is (M, ...). While torch.compile or
+    torch.export records, ``fn(values)`` is called on every row (unique's size is data-dependent)."""
+    if _tracing.is_tracing() or values.shape[0] <= 1:
+        return fn(values)
+    uniq, inverse = torch.unique(values, dim=0, return_inverse=True)  # (U, k), (M,)
+    if uniq.shape[0] == values.shape[0]:
+        return fn(values)
+    return fn(uniq).index_select(0, inverse)
+
+
+def block_channels(d: int, b: int, layout: str) -> torch.Tensor:
+    """Channel of each (block, row) slot: ``out[j, i]`` is the channel that row i of block j acts on.
+
+    "interleaved": consecutive channels, block j = [j b, (j+1) b) (LieRE's and ComRoPE's layout; for
+    b = 2 RoFormer's pairs); "half": strided channels, block j = {j, j + d/b, ...} (for b = 2 the
+    rotate-half pairs (i, i + d/2)).  # (d/b, b) long"""
+    c = torch.arange(d)
+    return c.view(d // b, b) if layout == "interleaved" else c.view(b, d // b).t()
