@@ -53,6 +53,7 @@ RELATIONS = ("relation",)
 INITS = ("papers", "legacy")
 OPERATORS = ("dense",)
 RELATION_KWARGS = ("num_feats", "temperature", "scale")
+BOX_BIAS_KWARGS = ("hidden", "transform", "stride")
 
 
 @dataclass(frozen=True)
@@ -134,12 +135,12 @@ def build_design(decoder: str, decoder_kwargs: dict, *, box_bias: str | None = N
     if query_relation is not None and num_layers < 2:
         raise ValueError(f"query_relation={query_relation!r} with dec_layers={num_layers}: the relation biases layer "
                          "i >= 1 by the boxes of the layers before it; expected dec_layers >= 2")
-    relation = None
-    if query_relation is not None:
-        relation = dict(query_relation_kwargs or {})
-        bad = sorted(set(relation) - set(RELATION_KWARGS))
+    for name, kwargs, allowed in (("query_relation_kwargs", query_relation_kwargs, RELATION_KWARGS),
+                                  ("box_bias_kwargs", box_bias_kwargs, BOX_BIAS_KWARGS)):
+        bad = sorted(set(kwargs or {}) - set(allowed))
         if bad:
-            raise ValueError(f"query_relation_kwargs has {bad}: expected some of {', '.join(RELATION_KWARGS)}")
+            raise ValueError(f"{name} has {bad}: expected some of {', '.join(allowed)}")
+    relation = dict(query_relation_kwargs or {}) if query_relation is not None else None
     bias = {"stride": float(stride), **(box_bias_kwargs or {})} if box_bias is not None else None
     return Design(queries, CrossSpec("dense", keys, bias), num_layers, relation,
                   _enc_pos_scale(queries, placement, pe, enc_layers), init)
