@@ -103,8 +103,9 @@ class Design:
                 for i in range(self.num_layers)]
 
 
-def build_design(decoder: str, decoder_kwargs: dict, *, box_bias: str | None = None, box_bias_kwargs: dict | None = None,
-                 query_relation: str | None = None, query_relation_kwargs: dict | None = None, init: str = "papers",
+def build_design(decoder: str, decoder_kwargs: dict, *, box_bias: str | None = None,
+                 box_bias_kwargs: dict | None = None, query_relation: str | None = None,
+                 query_relation_kwargs: dict | None = None, init: str = "papers",
                  d_model: int, num_layers: int, placement: Placement, pe: str, dec_pe: str | None = None,
                  enc_layers: int = 1, stride: float = 16.0) -> Design:
     """Check every option against the design and the encodings, and build the typed design."""
