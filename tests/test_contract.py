@@ -41,6 +41,7 @@ CONTRACT = {
     "relbias": ("bias", True, True),
     "relbias_axis": ("bias", True, False),
     "irpe": ("bias", True, False),
+    "relpos_decomposed": ("bias", True, True),  # SAM's per-axis tables, (2h-1, d) and (2w-1, d): grid-sized
     "log_cpb": ("bias", True, False),
     "peg": ("conditional", True, False),
 }

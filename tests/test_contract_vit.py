@@ -36,6 +36,7 @@ VIT_INVARIANCE = {
     "normidx2d": (False, False, "normalised index spans the whole canvas unless mask_aware=True"),
     "learned_abs": (False, False, "the table is resampled to the canvas grid"),
     "relbias": (False, False, "its table is resized to the canvas window (use the window it was built for)"),
+    "relpos_decomposed": (False, False, "its tables are resized linearly to the canvas grid (SAM's rule)"),
     "log_cpb": (False, False, "coordinates are normalised by the canvas window unless pretrained_window is set"),
 }
 #: option variants that make the encodings above invariant both ways (their documented remedy)

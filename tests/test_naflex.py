@@ -67,7 +67,8 @@ def test_timm_naflexvit_converts_exactly_on_a_packed_batch_of_aspect_ratios(name
 OPTION = {"fourier": dict(mask_aware=True), "normidx2d": dict(mask_aware=True), "learned_abs": dict(mask_aware=True),
           "log_cpb": dict(pretrained_window=(3, 4))}
 #: and the one that cannot: its table is resized to the canvas window, which packing enlarges
-NOT_INVARIANT = {"relbias": "its table is resized to the canvas (max h, max w) window"}
+NOT_INVARIANT = {"relbias": "its table is resized to the canvas (max h, max w) window",
+                 "relpos_decomposed": "its tables are resized to the canvas grid (SAM's rule)"}
 
 
 def _pico(pe, kw):

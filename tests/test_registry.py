@@ -64,7 +64,7 @@ def test_all_padding_rows_and_images_give_no_nan(encoding_name):
 
 
 #: encodings (as built here) whose learned tables are grid-sized: their state_dict records the grid
-GRID_RECORDED = {"learned_abs", "learned_rowcol", "relbias"}
+GRID_RECORDED = {"learned_abs", "learned_rowcol", "relbias", "relpos_decomposed"}
 
 
 def test_state_dict_holds_only_learned_tensors_and_round_trips(encoding_name):

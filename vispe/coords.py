@@ -4,6 +4,8 @@
 * ``mask_coords(mask)``: DETR's positions counted over each image's valid area, ``(B, h, w, 2)``.
 * ``resize_mask(mask, shape)``: a pixel padding mask brought to the feature grid (nearest).
 * ``jitter_coords``: train-time shift / jitter augmentation of coordinates.
+* ``valid_ratios``, ``level_reference_points``, ``points_at_levels``: multi-scale (Deformable DETR)
+  reference points, (y, x) in unit coordinates of each level's map scaled by the valid ratios.
 
 Conventions are parameters, never implicit:
 
@@ -178,3 +180,56 @@ def unit_to_grid(coords: torch.Tensor, extent: torch.Tensor | None, mode: str) -
                          "these points (B|1, 2), to place them in grid units")
     cells = coords * extent - 0.5  # (B|1, N, 2), centres at i
     return cells if mode == "index" else cells / (extent - 1).clamp(min=1)
+
+
+def valid_ratios(masks) -> torch.Tensor:
+    """Each image's valid fraction of every level's map, (h, w) order (Deformable DETR's
+    ``get_valid_ratio`` per level, which gives (w, h)).  # (B, L, 2) float32
+
+    ``masks`` [(B, h_l, w_l)], True = padding, each level's own mask (the pixel mask resized to the
+    level, ``resize_mask``). The valid rows / columns are those with a valid cell (``valid_extent``:
+    the papers count column 0 / row 0, the same for padding at the bottom / right); a level all
+    padding counts one cell (the papers divide by zero there).
+    """
+    out = []
+    for l, m in enumerate(masks):
+        if m.dim() != 3 or m.dtype != torch.bool:
+            raise ValueError(f"masks[{l}] has shape {tuple(m.shape)} and dtype {m.dtype}: expected a (B, h, w) "
+                             "torch.bool tensor (True = padding)")
+        size = torch.tensor(m.shape[-2:], dtype=torch.float32, device=m.device)  # (2,) as (h, w)
+        out.append(valid_extent(m, tuple(m.shape[-2:])) / size)  # (B, 2)
+    return torch.stack(out, 1)  # (B, L, 2)
+
+
+def level_reference_points(shapes, ratios: torch.Tensor) -> torch.Tensor:
+    """Deformable DETR's encoder reference points (``get_reference_points``), (y, x).  # (B, N, L, 2)
+
+    Token n of level l (row-major, level after level, N = sum h_l w_l) sits at its cell centre in
+    unit coordinates of image b's valid area on level l, ``((i + 0.5) / (r_l,y h_l), (j + 0.5) /
+    (r_l,x w_l))``, and is looked up on every level l' at that point of the valid area, i.e. in unit
+    coordinates of level l''s whole map: times ``ratios[b, l']``. ``shapes`` [(h_l, w_l)],
+    ``ratios`` (B, L, 2) from ``valid_ratios``. Padding tokens get points beyond 1 (their outputs
+    are never read).
+    """
+    if ratios.dim() != 3 or ratios.shape[1:] != (len(shapes), 2):
+        raise ValueError(f"ratios has shape {tuple(ratios.shape)}: expected (B, {len(shapes)}, 2) valid (h, w) ratios")
+    with float32_math(ratios.device):
+        ratios = ratios.float()
+        points = []
+        for l, (h, w) in enumerate(shapes):
+            ys = (torch.arange(h, dtype=torch.float32, device=ratios.device) + 0.5)[None] / (ratios[:, None, l, 0] * h)  # (B, h)
+            xs = (torch.arange(w, dtype=torch.float32, device=ratios.device) + 0.5)[None] / (ratios[:, None, l, 1] * w)  # (B, w)
+            yy, xx = torch.broadcast_tensors(ys[:, :, None], xs[:, None, :])  # (B, h, w) each
+            points.append(torch.stack([yy, xx], -1).flatten(1, 2))  # (B, h*w, 2)
+        return torch.cat(points, 1)[:, :, None] * ratios[:, None]  # (B, N, L, 2)
+
+
+def points_at_levels(reference: torch.Tensor, ratios: torch.Tensor) -> torch.Tensor:
+    """Points or boxes in unit coordinates of each image's valid area, (B, Q, 2) as (y, x) or (B, Q, 4) as
+    (cy, cx, h, w), in unit coordinates of every level's whole map: times the level's valid ratios
+    (Deformable DETR's decoder, ``reference_points_input``).  # (B, Q, L, 2|4)"""
+    if reference.dim() != 3 or reference.shape[-1] not in (2, 4) or ratios.dim() != 3 or ratios.shape[-1] != 2:
+        raise ValueError(f"reference {tuple(reference.shape)} and ratios {tuple(ratios.shape)}: expected (B, Q, 2|4) "
+                         "and (B, L, 2)")
+    scale = ratios if reference.shape[-1] == 2 else torch.cat([ratios, ratios], -1)  # (B, L, 2|4)
+    return reference[:, :, None] * scale[:, None].to(reference.dtype)  # (B, Q, L, 2|4)

@@ -21,6 +21,7 @@ with a clear error (``vispe._tracing.refuse_jit_trace``).
 from __future__ import annotations
 
 import contextlib
+import inspect
 from pathlib import Path
 
 import torch
@@ -56,7 +57,9 @@ def example_input(model, batch: int = 2, grid=None) -> torch.Tensor:
 
 
 def dynamic_shapes(model, *, max_grid=None) -> dict:
-    """``torch.export`` dynamic shapes of ``model(x)``: batch, and H, W as multiples of the patch size.
+    """``torch.export`` dynamic shapes of ``model(x)``: batch, and H, W as multiples of the patch size,
+    keyed by the name of ``model.forward``'s image argument (``x`` for a vispe ViT, ``pixel_values``
+    for a converted transformers tower).
 
     ``max_grid`` (h, w) bounds the grid (None: unbounded).
     """
@@ -64,7 +67,8 @@ def dynamic_shapes(model, *, max_grid=None) -> dict:
     mh, mw = (None, None) if max_grid is None else _checks.grid_shape("max_grid", max_grid)
     gh = Dim("grid_h", min=1, max=mh) if mh else Dim("grid_h", min=1)
     gw = Dim("grid_w", min=1, max=mw) if mw else Dim("grid_w", min=1)
-    return {"x": {0: Dim("batch", min=1), 2: ph * gh, 3: pw * gw}}
+    name = next(iter(inspect.signature(model.forward).parameters))
+    return {name: {0: Dim("batch", min=1), 2: ph * gh, 3: pw * gw}}
 
 
 @contextlib.contextmanager

@@ -15,3 +15,4 @@ from vispe.image import relbias  # noqa: F401
 from vispe.image import relbias_axis  # noqa: F401
 from vispe.image import irpe  # noqa: F401
 from vispe.image import cpb  # noqa: F401
+from vispe.image import relpos_decomposed  # noqa: F401

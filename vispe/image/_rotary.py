@@ -9,6 +9,11 @@ Coordinates (``coords``, then multiplied by ``scale``), a subset of ``vispe.coor
 * ``"normalized"`` index / (n - 1), in [0, 1]
 * ``"centered"``   pixel centres in [-1, 1], (index + 0.5) / n * 2 - 1 (DINOv3-style)
 
+``offset`` (``coords="index"`` only) is added to the index before anything else: ``offset=1`` gives
+Llama 4's 1-based indices (``Llama4VisionRotaryEmbedding``: ``(x + 1) * f``). A common offset
+cancels in ``<R(p) q, R(p') k>`` between grid tokens; it matters against unrotated prefix tokens
+(Llama 4's class token), whose logits with a patch then see the patch's absolute angle.
+
 ``ref_grid=(h0, w0)`` rescales the coordinates so that any grid spans the reference one,
 ``coords * (h0 / h, w0 / w)`` (EVA-02 and timm's ``ref_feat_shape``: the pre-training grid); with
 a padding mask, (h, w) is each image's valid extent. None (default) leaves them as they are.
@@ -120,6 +125,7 @@ class RotaryBase(RotaryEncoding):
             recompute at any grid and prefix tokens are left unrotated by the attention module.
         layout: channel pairing for ``vispe.axis.rope.apply_rope``, "half" or "interleaved".
         coords, scale: coordinate convention (module docstring) and a factor applied to it.
+        offset: added to "index" coordinates first (1: 1-based, Llama 4; module docstring).
         normalize_coords: "separate" | "min" | "max", denominator of the "centered" coordinates.
         shift, jitter: train-time coordinate augmentation (module docstring); 0 = off.
         stretch, rescale: train-time log-uniform scale factors per axis / shared; 1 = off.
@@ -141,7 +147,7 @@ class RotaryBase(RotaryEncoding):
                  scale: float = 1.0, shift: float = 0.0, jitter: float = 0.0, ref_grid=None,
                  normalize_coords: str = "separate", stretch: float = 1.0, rescale: float = 1.0,
                  generator: torch.Generator | None = None, scaling: str = "none", scaling_axes: str | None = None,
-                 yarn_alpha: float | None = None, yarn_beta: float | None = None) -> None:
+                 yarn_alpha: float | None = None, yarn_beta: float | None = None, offset: float = 0.0) -> None:
         super().__init__()
         self.num_heads = _checks.positive_int("num_heads", num_heads)
         self.head_dim = _checks.divisible("head_dim", head_dim, 4, "2D RoPE splits the channel pairs "
@@ -162,12 +168,21 @@ class RotaryBase(RotaryEncoding):
         if normalize_coords != "separate" and coords != "centered":
             raise ValueError(f"normalize_coords={normalize_coords!r} with coords={coords!r}: expected "
                              "coords='centered' (the denominator of the patch centres)")
+        if isinstance(offset, bool) or not isinstance(offset, (int, float)) or not abs(offset) < float("inf"):
+            raise ValueError(f"offset={offset!r}: expected a finite number added to the index coordinates (1: 1-based)")
+        if offset and coords != "index":
+            raise ValueError(f"offset={offset!r} with coords={coords!r}: expected coords='index' (an offset of the "
+                             f"index, e.g. 1-based; {coords!r} coordinates fix their own origin)")
+        self.offset = float(offset)
         self.stretch = _factor("stretch", stretch)
         self.rescale = _factor("rescale", rescale)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise ValueError(f"generator={generator!r}: expected a torch.Generator or None")
         self.generator = generator
         self._init_scaling(scaling, scaling_axes, yarn_alpha, yarn_beta)
+        if self.offset and self.scaling != "none":
+            raise ValueError(f"offset={offset!r} with scaling={scaling!r}: expected offset=0 (whether the offset is "
+                             "interpolated with the index or added after is a choice no reference makes)")
 
     def _init_scaling(self, scaling, scaling_axes, yarn_alpha, yarn_beta) -> None:
         self.scaling = _checks.choice("scaling", scaling, SCALINGS)
@@ -227,7 +242,7 @@ class RotaryBase(RotaryEncoding):
         return self.training and (self.shift > 0 or self.jitter > 0 or self.stretch > 1 or self.rescale > 1)
 
     def grid_angles(self, shape: tuple[int, int], mask: torch.Tensor | None, device: torch.device) -> torch.Tensor:
-        coords = valid_coords(shape, mask, self.coords, device=device)  # (B|1, N, 2)
+        coords = valid_coords(shape, mask, self.coords, device=device) + self.offset  # (B|1, N, 2)
         if self.normalize_coords != "separate":  # (c + 1) / 2 * n = i + 0.5, then over min / max side
             n = valid_extent(mask, shape, device)[:, None]  # (B|1, 1, 2)
             d = n.amin(-1, keepdim=True) if self.normalize_coords == "min" else n.amax(-1, keepdim=True)  # (B|1, 1, 1)
@@ -263,7 +278,7 @@ class RotaryBase(RotaryEncoding):
             raise ValueError(f"normalize_coords={self.normalize_coords!r}: at() evaluates the 'separate' convention "
                              "only; expected normalize_coords='separate' for continuous coordinates")
         with float32_math(coords.device):
-            c = unit_to_grid(coords, n, self.coords)  # (B|1, N, 2) in the grid's convention
+            c = unit_to_grid(coords, n, self.coords) + self.offset  # (B|1, N, 2) in the grid's convention
             if self.ref_grid is not None:
                 if n is None:
                     raise ValueError("extent=None with ref_grid set: expected the valid (h, w) in cells")
@@ -281,7 +296,8 @@ class RotaryBase(RotaryEncoding):
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, num_heads={self.num_heads}, layout={self.layout!r}, "
-                f"coords={self.coords!r}, scale={self.scale:g}, shift={self.shift:g}, jitter={self.jitter:g}, "
+                f"coords={self.coords!r}, " + (f"offset={self.offset:g}, " if self.offset else "") +
+                f"scale={self.scale:g}, shift={self.shift:g}, jitter={self.jitter:g}, "
                 f"ref_grid={self.ref_grid}, normalize_coords={self.normalize_coords!r}, stretch={self.stretch:g}, "
                 f"rescale={self.rescale:g}" + ("" if self.scaling == "none" else
                 f", scaling={self.scaling!r}, scaling_axes={self.scaling_axes!r}") +

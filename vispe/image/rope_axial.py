@@ -15,6 +15,20 @@ rows (the two quarters of pairs of every head swap places), which gives the same
 ``base`` defaults to 100, rope-vit's theta for its axial variant (``compute_axial_cis(...,
 theta=100.0)``); RoFormer's 1D default is 10000; EVA-02 uses 10000 with ``ref_grid`` (16, 16).
 
+Which frequencies each axis takes (``freq_split``):
+
+* ``"shared"`` (default): both axes the same head_dim/4 frequencies ``f_j`` above (rope-vit, EVA,
+  timm, Qwen2-VL / Qwen2.5-VL ``VisionRotaryEmbedding``, Llama 4 vision);
+* ``"even_odd"``: one schedule of head_dim/2 frequencies over the full head_dim,
+  ``F_k = base^(-2 k / head_dim)``, y taking the even-indexed ``F_0, F_2, ...`` and x the odd-indexed
+  ``F_1, F_3, ...`` (Pixtral ``PixtralRotaryEmbedding``: ``inv_freq[0::2]`` for h, ``[1::2]`` for w),
+  so x's frequencies sit half a step below y's: ``F_(2j) = f_j``, ``F_(2j+1) = f_j * base^(-2/head_dim)``;
+* ``"blocked"``: that schedule cut in two, y taking ``F_0 .. F_(head_dim/4 - 1)`` (the high half) and
+  x the rest (a 1D RoPE's frequencies shared out by axis; no reference model found).
+
+The y block still goes where ``axis_order`` puts it; periods (``min_period``) and ``scaling="ntk"``
+(a base change of one axis's own geometric schedule) take ``"shared"`` only.
+
 Periods instead of a base (DINOv3, Simeoni et al., 2025, "DINOv3", ``RopePositionEmbedding``):
 ``min_period`` and ``max_period`` give ``f_j = 1 / period_j`` with the periods geometric from one
 to the other, ``period_j = min_period * (max_period / min_period)^(j / (head_dim/4 - 1))``; with a
@@ -49,6 +63,7 @@ from vispe.registry import register
 
 
 AXIS_ORDERS = ("yx", "xy")
+FREQ_SPLITS = ("shared", "even_odd", "blocked")
 
 
 def period_frequencies(n: int, min_period: float, max_period: float, *, device=None) -> torch.Tensor:
@@ -63,10 +78,12 @@ class RopeAxial(RotaryBase):
 
     Args: ``base`` (theta, default 100), or ``min_period`` and ``max_period`` (module docstring;
     not with ``base``), ``axis_order`` ("yx": y on the first quarter of pairs,
-    default; "xy": x first, rope-vit / timm) and those of ``vispe.image._rotary.RotaryBase``:
+    default; "xy": x first, rope-vit / timm), ``freq_split`` ("shared": each axis the head_dim/4
+    frequencies, default; "even_odd": y / x the even / odd ones of head_dim/2 over the full head,
+    Pixtral; "blocked": the high / low half of those) and those of ``vispe.image._rotary.RotaryBase``:
     ``head_dim`` (multiple of 4), ``num_heads``, ``dim``, ``grid``, ``num_prefix_tokens``,
     ``layout`` ("half" | "interleaved"), ``coords`` ("index" | "normalized" | "centered"),
-    ``scale``, ``shift``, ``jitter``, ``ref_grid``, ``normalize_coords``, ``stretch``, ``rescale``,
+    ``offset`` (1: 1-based indices, Llama 4), ``scale``, ``shift``, ``jitter``, ``ref_grid``, ``normalize_coords``, ``stretch``, ``rescale``,
     ``generator``, ``scaling`` ("none" | "pi" | "ntk" | "yarn"), ``scaling_axes``, ``yarn_alpha``,
     ``yarn_beta`` (module docstring).
     """
@@ -77,14 +94,23 @@ class RopeAxial(RotaryBase):
                  ref_grid=None, min_period: float | None = None, max_period: float | None = None,
                  normalize_coords: str = "separate", stretch: float = 1.0, rescale: float = 1.0,
                  generator: torch.Generator | None = None, scaling: str = "none", scaling_axes: str | None = None,
-                 yarn_alpha: float | None = None, yarn_beta: float | None = None) -> None:
+                 yarn_alpha: float | None = None, yarn_beta: float | None = None, freq_split: str = "shared",
+                 offset: float = 0.0) -> None:
         if scaling == "ntk" and head_dim == 4:
             raise ValueError("scaling='ntk' with head_dim=4: one frequency per axis has no schedule to bend "
                              "(base * s^(d/(d-2)) with d = 2 is undefined); expected head_dim >= 8")
         super().__init__(head_dim, num_heads, dim=dim, grid=grid, num_prefix_tokens=num_prefix_tokens,
                          layout=layout, coords=coords, scale=scale, shift=shift, jitter=jitter, ref_grid=ref_grid,
                          normalize_coords=normalize_coords, stretch=stretch, rescale=rescale, generator=generator,
-                         scaling=scaling, scaling_axes=scaling_axes, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta)
+                         scaling=scaling, scaling_axes=scaling_axes, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta,
+                         offset=offset)
+        self.freq_split = _checks.choice("freq_split", freq_split, FREQ_SPLITS)
+        if freq_split != "shared" and (min_period is not None or max_period is not None):
+            raise ValueError(f"freq_split={freq_split!r} with min_period / max_period: expected freq_split='shared' "
+                             "(periods give each axis its own schedule; a split shares out one schedule of the head)")
+        if freq_split != "shared" and scaling == "ntk":
+            raise ValueError(f"freq_split={freq_split!r} with scaling='ntk': expected freq_split='shared' (NTK bends "
+                             "each axis's own geometric schedule from its highest frequency; use 'yarn' or 'pi')")
         if (min_period is None) != (max_period is None):
             raise ValueError(f"min_period={min_period!r}, max_period={max_period!r}: expected both or neither")
         if min_period is not None:
@@ -104,11 +130,20 @@ class RopeAxial(RotaryBase):
             return period_frequencies(self.head_dim // 4, self.min_period, self.max_period, device=device)
         return rope_frequencies(self.head_dim // 2, self.base, device=device)
 
+    def axis_frequencies(self, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head_dim/4 frequencies of y and of x (``freq_split``), float32.  # (head_dim/4,) each"""
+        if self.freq_split == "shared":
+            f = self.frequencies(device)  # (head_dim/4,)
+            return f, f
+        full = rope_frequencies(self.head_dim, self.base, device=device)  # (head_dim/2,) base^(-2k/head_dim)
+        if self.freq_split == "even_odd":
+            return full[0::2], full[1::2]
+        return full.chunk(2)
+
     def angles(self, coords: torch.Tensor, s: torch.Tensor | None = None) -> torch.Tensor:
-        f = self.frequencies(coords.device)  # (head_dim/4,)
-        fy = fx = f
+        fy, fx = self.axis_frequencies(coords.device)  # (head_dim/4,) each
         if s is not None:  # "ntk" / "yarn": each axis's frequencies bent by its factor
-            fy, fx = (self.scaled_frequencies(f, s[..., a:a + 1], a) for a in (0, 1))  # (B|1, 1, head_dim/4)
+            fy, fx = (self.scaled_frequencies(f, s[..., a:a + 1], a) for a, f in enumerate((fy, fx)))  # (B|1, 1, head_dim/4)
         y = coords[..., 0, None] * fy  # (B|1, N, head_dim/4)
         x = coords[..., 1, None] * fx  # (B|1, N, head_dim/4)
         parts = [y, x] if self.axis_order == "yx" else [x, y]
@@ -134,12 +169,13 @@ class RopeAxial(RotaryBase):
             return None
         return ("rope_axial", self.head_dim, self.base, self.axis_order, self.coords, self.scale, self.ref_grid,
                 self.normalize_coords, self.min_period, self.max_period, self.scaling, self.scaling_axes,
-                self.yarn_alpha, self.yarn_beta)
+                self.yarn_alpha, self.yarn_beta, self.freq_split, self.offset)
 
     def extra_repr(self) -> str:
         freqs = (f"base={self.base:g}" if self.min_period is None
                  else f"min_period={self.min_period:g}, max_period={self.max_period:g}")
-        return f"{super().extra_repr()}, {freqs}, axis_order={self.axis_order!r}"
+        split = "" if self.freq_split == "shared" else f", freq_split={self.freq_split!r}"
+        return f"{super().extra_repr()}, {freqs}, axis_order={self.axis_order!r}{split}"
 
 
 def axis_pair_permutation(head_dim: int, layout: str = "half") -> torch.Tensor:

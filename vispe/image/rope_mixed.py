@@ -95,7 +95,7 @@ class RopeMixed(RotaryBase):
     Args: ``theta`` (init magnitudes, default 10 as rope-vit's RoPE-Mixed), ``rotate`` (random
     initial direction per head, default True) and those of ``vispe.image._rotary.RotaryBase``:
     ``head_dim`` (multiple of 4), ``num_heads``, ``dim``, ``grid``, ``num_prefix_tokens``,
-    ``layout``, ``coords``, ``scale``, ``shift``, ``jitter``, ``ref_grid``, ``normalize_coords``,
+    ``layout``, ``coords``, ``offset``, ``scale``, ``shift``, ``jitter``, ``ref_grid``, ``normalize_coords``,
     ``stretch``, ``rescale``, ``generator``, ``scaling`` ("none" | "pi" | "yarn"; "ntk" refused, module
     docstring), ``scaling_axes``, ``yarn_alpha``, ``yarn_beta``.
     """
@@ -109,11 +109,12 @@ class RopeMixed(RotaryBase):
                  coords: str = "index", scale: float = 1.0, shift: float = 0.0, jitter: float = 0.0,
                  ref_grid=None, normalize_coords: str = "separate", stretch: float = 1.0, rescale: float = 1.0,
                  generator: torch.Generator | None = None, scaling: str = "none", scaling_axes: str | None = None,
-                 yarn_alpha: float | None = None, yarn_beta: float | None = None) -> None:
+                 yarn_alpha: float | None = None, yarn_beta: float | None = None, offset: float = 0.0) -> None:
         super().__init__(head_dim, num_heads, dim=dim, grid=grid, num_prefix_tokens=num_prefix_tokens,
                          layout=layout, coords=coords, scale=scale, shift=shift, jitter=jitter, ref_grid=ref_grid,
                          normalize_coords=normalize_coords, stretch=stretch, rescale=rescale, generator=generator,
-                         scaling=scaling, scaling_axes=scaling_axes, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta)
+                         scaling=scaling, scaling_axes=scaling_axes, yarn_alpha=yarn_alpha, yarn_beta=yarn_beta,
+                         offset=offset)
         self.theta = _checks.positive_float("theta", theta)
         if not isinstance(rotate, bool):
             raise ValueError(f"rotate={rotate!r}: expected True or False")

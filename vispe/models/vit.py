@@ -30,6 +30,7 @@ from vispe.models.deit import VispeViTDistilled
 from vispe.models.dinov3 import convert_hf_dinov3
 from vispe.models.eva import convert_eva
 from vispe.models.naflex import convert_naflex
+from vispe.models.towers import converter_for, convertible
 
 #: timm modules whose models convert (entry point module -> what it builds)
 CONVERTIBLE = ("vision_transformer", "deit", "eva", "naflexvit")
@@ -46,7 +47,8 @@ def timm_kind(model) -> str:
     if type(model).__name__ == "NaFlexVit":
         return "naflex"
     raise ValueError(f"model is a {type(model).__name__}: expected a timm VisionTransformer, VisionTransformerDistilled "
-                     "(DeiT), Eva (EVA, EVA-02, timm's RoPE ViTs, DINOv3) or NaFlexVit, or transformers' DINOv3ViTModel")
+                     "(DeiT), Eva (EVA, EVA-02, timm's RoPE ViTs, DINOv3) or NaFlexVit, transformers' DINOv3ViTModel, "
+                     f"or a vision tower: {', '.join(convertible())}")
 
 
 def create_from_timm(name: str, *, pe=None, img_size=None, patch_size=None, num_classes=None, in_chans=3,
@@ -149,8 +151,12 @@ def convert_vit(model: VisionTransformer, pe: str | None = None, *, pe_kwargs: d
     (``keep_abs_pos`` applies there; timm's ``vit_*_dinov3`` are Evas); transformers'
     ``DINOv3ViTModel`` becomes a new ``VispeEva`` with its weights (``vispe.models.dinov3``, not in
     place); timm's ``NaFlexVit`` a new ``VispeViT`` with its modules (``vispe.models.naflex``, which
-    also runs NaFlex's packed inputs); other models are refused with the reason.
+    also runs NaFlex's packed inputs); the vision towers registered in ``vispe.models.towers``
+    (``convertible()``) a new model by their own converter; other models are refused with the reason.
     """
+    tower = converter_for(model)  # a multimodal model's vision tower (vispe.models.towers): a new model
+    if tower is not None:
+        return tower(model, pe, pe_kwargs=pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks, keep_abs_pos=keep_abs_pos)
     if type(model).__name__ == "DINOv3ViTModel":  # transformers': a new VispeEva with its weights
         if pe is not None or pe_kwargs or keep_abs_pos is not None:
             raise ValueError("a transformers DINOv3ViTModel converts with its own RoPE: pass no pe / pe_kwargs / "

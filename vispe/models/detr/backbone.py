@@ -118,12 +118,18 @@ class SmallCNN(nn.Module):
         self.stride = 2 ** len(widths)
 
     def forward(self, images: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = images * (~mask)[:, None].to(images.dtype)  # (B, 3, H, W), padding zeroed
-        for layer in self.layers:  # padded cells zeroed after every convolution, as its own zero padding
+        return self.forward_levels(images, mask)[-1]
+
+    def forward_levels(self, images: torch.Tensor, mask: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The output of every stage (strides 2, 4, 8, ...) with its mask: [(B, C_s, h_s, w_s), (B, h_s, w_s)]."""
+        x, out = images * (~mask)[:, None].to(images.dtype), []  # (B, 3, H, W), padding zeroed
+        for i, layer in enumerate(self.layers):  # padded cells zeroed after every convolution, as its own zero padding
             x = layer(x)  # (B, C, h, w)
             mask_h = resize_mask(mask, x.shape[-2:])  # (B, h, w)
             x = x * (~mask_h)[:, None].to(x.dtype)
-        return x, mask_h
+            if i % 2:  # the end of a stage
+                out.append((x, mask_h))
+        return out
 
 
 def build_backbone(name, *, weights=None, dilation: bool = False, train_backbone: bool = True,
