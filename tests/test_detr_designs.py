@@ -129,6 +129,7 @@ def test_the_registry_wide_configurations_cover_every_design_and_key_family():
     (dict(pe="learned_abs", grid=(2, 3), pe_at={"encoder": "none", "decoder": "attn"}, dec_pe="sine"),
      "pe='learned_abs' is used nowhere"),
     (dict(init="paper"), "init='paper': expected one of 'papers', 'legacy'"),
+    (dict(box_bias="boxrpb", box_bias_kwargs=dict(hiden=8)), r"box_bias_kwargs has \['hiden'\]: expected some of hidden"),
 ])
 def test_options_that_would_fail_later_are_refused_at_build(kw, match):
     with pytest.raises(ValueError, match=match):

@@ -58,6 +58,7 @@ RELATIONS = ("relation",)
 INITS = ("papers", "legacy")
 OPERATORS = ("dense", "deformable")  # create_detr(attention=...)
 RELATION_KWARGS = ("num_feats", "temperature", "scale")
+BOX_BIAS_KWARGS = ("hidden", "transform", "stride")
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,9 @@ class Design:
                 for i in range(self.num_layers)]
 
 
-def build_design(decoder: str, decoder_kwargs: dict, *, box_bias: str | None = None, box_bias_kwargs: dict | None = None,
-                 query_relation: str | None = None, query_relation_kwargs: dict | None = None, init: str = "papers",
+def build_design(decoder: str, decoder_kwargs: dict, *, box_bias: str | None = None,
+                 box_bias_kwargs: dict | None = None, query_relation: str | None = None,
+                 query_relation_kwargs: dict | None = None, init: str = "papers",
                  d_model: int, num_layers: int, placement: Placement, pe: str, dec_pe: str | None = None,
                  enc_layers: int = 1, stride: float = 16.0, attention: str = "dense") -> Design:
     """Check every option against the design, the operator and the encodings, and build the typed design."""
@@ -149,12 +151,12 @@ def build_design(decoder: str, decoder_kwargs: dict, *, box_bias: str | None = N
     if query_relation is not None and num_layers < 2:
         raise ValueError(f"query_relation={query_relation!r} with dec_layers={num_layers}: the relation biases layer "
                          "i >= 1 by the boxes of the layers before it; expected dec_layers >= 2")
-    relation = None
-    if query_relation is not None:
-        relation = dict(query_relation_kwargs or {})
-        bad = sorted(set(relation) - set(RELATION_KWARGS))
+    for name, kwargs, allowed in (("query_relation_kwargs", query_relation_kwargs, RELATION_KWARGS),
+                                  ("box_bias_kwargs", box_bias_kwargs, BOX_BIAS_KWARGS)):
+        bad = sorted(set(kwargs or {}) - set(allowed))
         if bad:
-            raise ValueError(f"query_relation_kwargs has {bad}: expected some of {', '.join(RELATION_KWARGS)}")
+            raise ValueError(f"{name} has {bad}: expected some of {', '.join(allowed)}")
+    relation = dict(query_relation_kwargs or {}) if query_relation is not None else None
     bias = {"stride": float(stride), **(box_bias_kwargs or {})} if box_bias is not None else None
     enc_scale = False if attention == "deformable" else _enc_pos_scale(queries, placement, pe, enc_layers)
     return Design(queries, CrossSpec(attention, keys, bias), num_layers, relation, enc_scale, init)

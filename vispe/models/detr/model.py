@@ -165,7 +165,8 @@ def _check_used(pe: str, family: str, placement, dec_pe: str | None, keys: str) 
         return
     if placement.decoder != "none" and dec_pe is None:
         return
-    where = "the decoder takes no position" if placement.decoder == "none" else f"the decoder's keys take dec_pe={dec_pe!r}"
+    where = ("the decoder takes no position" if placement.decoder == "none" else
+             f"the decoder's keys take dec_pe={dec_pe!r}")
     raise ValueError(f"pe={pe!r} is used nowhere: pe_at encoder='none' and {where}; expected pe='none' or a place "
                      "that uses it")
 
