@@ -1,6 +1,7 @@
 """The detector's designs as issue 35 leaves them: every accepted configuration trains every parameter
 (DDP needs a gradient for each), the papers' initialisation, one rotation kernel for queries and keys,
 options checked at build, a typed design with the "first layer or keep_query_pos" rule in one place."""
+import inspect
 import math
 
 import pytest
@@ -20,8 +21,14 @@ SMALL = dict(backbone="small_cnn", backbone_widths=(8, 16, 16, 32), d_model=32, 
 
 
 # --- no accepted configuration has a parameter without a gradient -----------------------------------------
+def _needs_grid(name):
+    """Encodings whose constructor requires ``grid`` (grid-sized tables), read from the registry."""
+    p = inspect.signature(vispe.registry.get(name)).parameters.get("grid")
+    return p is not None and p.default is inspect.Parameter.empty
+
+
 def _pe_kwargs(name):
-    return {"grid": (2, 3)} if name in ("learned_abs", "relbias", "relbias_axis", "irpe", "log_cpb") else {}
+    return {"grid": (2, 3)} if _needs_grid(name) or name in ("relbias_axis", "irpe", "log_cpb") else {}
 
 
 def configurations():

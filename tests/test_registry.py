@@ -101,10 +101,12 @@ def test_runs_at_a_grid_other_than_its_own(encoding_name):
 
 # ---------------------------------------------------------------- what a new user types first (issue 41, item 9)
 #: the arguments each encoding cannot be built without, as the README's Encodings section states them
-REQUIRED = {"axis2d": ["dim"], "fourier": ["dim"], "irpe": ["num_heads"], "learned_abs": ["dim", "grid"],
-            "learned_rowcol": ["dim"], "log_cpb": ["num_heads"], "none": [], "normidx2d": ["dim"], "peg": ["dim"],
-            "relbias": ["num_heads", "grid"], "relbias_axis": ["num_heads"], "relpos_decomposed": ["num_heads", "grid"], "rope_axial": ["head_dim", "num_heads"],
-            "rope_mixed": ["head_dim", "num_heads"], "sincos2d": ["dim"], "sine": ["dim"]}
+REQUIRED = {"axis2d": ["dim"], "comrope": ["head_dim", "num_heads"], "fourier": ["dim"], "irpe": ["num_heads"],
+            "learned_abs": ["dim", "grid"], "learned_rowcol": ["dim"], "liere": ["head_dim", "num_heads"],
+            "log_cpb": ["num_heads"], "lookhere": ["num_heads"], "none": [], "normidx2d": ["dim"], "peg": ["dim"],
+            "relbias": ["num_heads", "grid"], "relbias_axis": ["num_heads"], "relpos_decomposed": ["num_heads", "grid"],
+            "rope_axial": ["head_dim", "num_heads"], "rope_mixed": ["head_dim", "num_heads"], "sincos2d": ["dim"],
+            "sine": ["dim"], "string": ["head_dim", "num_heads"]}
 
 
 def test_build_without_a_required_argument_says_what_is_missing_and_what_to_pass():
