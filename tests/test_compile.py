@@ -1,7 +1,11 @@
 """torch.compile of a ViT with every encoding (CPU; slow).
 
 Inductor (the real compiler) for one encoding of each family, ``aot_eager`` (dynamo capture plus
-AOT autograd, no code generation) for the others, forward and backward, against eager.
+AOT autograd, no code generation) for the others, forward and backward, against eager. Recompiles,
+graph breaks and symbolic sizes are dynamo's and AOT autograd's, so ``aot_eager`` checks them at a
+fraction of Inductor's time (its C++ kernels: 50 of them, about a minute, for one ViT at three sizes on
+a cold cache); one ViT (rope_mixed, whose learned angles and patch embedding hit Inductor's own guards
+and stride assertions, issue 41) trains at three sizes with Inductor.
 """
 import pytest
 import torch
@@ -9,7 +13,7 @@ import torch
 import vispe
 from vispe.models.vit import create_vit
 
-INDUCTOR = ["learned_abs", "sine", "rope_mixed", "relbias", "peg"]
+INDUCTOR = ["learned_abs", "sine", "relbias", "peg"]  # rotary: rope_mixed at three sizes, below
 
 
 def _model(pe):
@@ -43,20 +47,27 @@ def _grads(m, out):
     return torch.autograd.grad(out.square().sum(), params)
 
 
+#: (encoding, dynamic): torch's default (None) recompiles once, at the second size, with symbolic
+#: sizes; dynamic=True is symbolic from the first. Only rope_mixed's default runs Inductor.
+THREE_SIZES = [(pe, dynamic) for pe in ("sine", "relbias", "rope_axial", "rope_mixed") for dynamic in (None, True)]
+INDUCTOR_THREE_SIZES = ("rope_mixed", None)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("dynamic", [None, True], ids=["default", "dynamic"])
-@pytest.mark.parametrize("pe", ["sine", "relbias", "rope_axial", "rope_mixed"])
-def test_inductor_compiled_vit_at_a_second_size_and_in_eval(pe, dynamic):
-    """torch.compile(vit) (Inductor) trains at three sizes (the default recompiles with symbolic sizes
-    at the second; dynamic=True is symbolic from the first; neither at the third), forward and every
+@pytest.mark.parametrize("pe, dynamic", THREE_SIZES, ids=[
+    f"{pe}-{'dynamic' if d else 'default'}{'-inductor' if (pe, d) == INDUCTOR_THREE_SIZES else ''}" for pe, d in THREE_SIZES])
+def test_compiled_vit_trains_at_three_sizes_and_evaluates(pe, dynamic):
+    """torch.compile(vit) trains at three sizes (the default recompiles with symbolic sizes at the
+    second; dynamic=True is symbolic from the first; neither at the third), forward and every
     parameter's gradient against eager; then (default options) evaluates under no_grad at the second
-    size and another batch. About 1-2 min each on a shared 2-core CPU."""
+    size and another batch. Inductor for rope_mixed's default (about 30 s with a warm cache, 60 s cold
+    on a shared 2-core CPU), aot_eager (the same graphs and guards, no code generation) for the rest."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
     m = _model(pe).train()
-    compiled = torch.compile(m, dynamic=dynamic)
+    compiled = torch.compile(m, dynamic=dynamic, backend="inductor" if (pe, dynamic) == INDUCTOR_THREE_SIZES else "aot_eager")
     graphs = []
     for size in SIZES:
         x = torch.randn(2, 3, *size)
@@ -65,8 +76,8 @@ def test_inductor_compiled_vit_at_a_second_size_and_in_eval(pe, dynamic):
         for g_c, g_e in zip(_grads(m, out), _grads(m, want)):
             torch.testing.assert_close(g_c, g_e, rtol=1e-3, atol=1e-4)
         graphs.append(counters["stats"]["unique_graphs"])
-    assert graphs == ([1, 1, 1] if dynamic else [1, 2, 2]), graphs  # Inductor's guards: no recompile
-    if dynamic:  # the eval graph is another compile: once (below) is enough for the suite's time
+    assert graphs == ([1, 1, 1] if dynamic else [1, 2, 2]), graphs  # no recompile at the third size
+    if dynamic:  # the eval graph is another compile: once per encoding (below) is enough
         return
     m.eval()
     with torch.no_grad():
