@@ -20,6 +20,31 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+def pytest_configure(config):
+    """`-n 2` hands tests out one at a time, in the order below, as a worker frees up (xdist's
+    loadgroup instead of its default load, which sends each worker a quarter of the suite at once),
+    except that a module marked ``xdist_group`` (its module fixture trains or builds something) runs
+    as one unit on one worker, so that its fixture runs once."""
+    if getattr(config.option, "dist", "no") == "load":
+        config.option.dist = "loadgroup"
+        config.option.loadscopereorder = False  # keep the order below (not: largest group first)
+
+
+#: Inductor's tests first: on a cold compile cache (a fresh machine) they are the longest by far
+FIRST = ("test_train_compile.py", "test_compile.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Inductor's tests first, then the other tests marked slow and the modules run as one unit
+    (xdist_group), then the rest, each in collection order: no long test starts last and leaves the
+    other worker idle at the end of a `-n 2` run."""
+    def rank(item) -> int:
+        if item.path.name in FIRST:
+            return FIRST.index(item.path.name)
+        return 2 if item.get_closest_marker("slow") or item.get_closest_marker("xdist_group") else 3
+    items.sort(key=rank)
+
+
 def model_context(grid=(4, 4), num_prefix_tokens=0, dim=DIM, heads=HEADS) -> dict:
     """What a model tells every encoding it builds (each takes the names it needs)."""
     return dict(dim=dim, num_heads=heads, head_dim=dim // heads, grid=grid, num_prefix_tokens=num_prefix_tokens)
