@@ -25,7 +25,6 @@ import vispe
 from conftest import load_docs_hooks
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.xdist_group("docs_site")  # its module fixture runs once, on one worker (tests/conftest.py)
 hooks = load_docs_hooks()
 
 

@@ -11,7 +11,6 @@ import pytest
 from vispe.sweep import cli, collect, grid
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.xdist_group("sweep")  # its module fixture runs once, on one worker (tests/conftest.py)
 CONFIG = str(ROOT / "configs" / "digits_cell.yaml")
 TINY = ["train.epochs=2", "data.batch_size=16", "data.train_subset=48", "data.test_subset=32",
         "data.kwargs.n_train=64", "data.kwargs.n_test=32", "train.eval_sizes=[1.0,1.5]", "model.depth=1"]

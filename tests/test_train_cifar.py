@@ -21,7 +21,6 @@ from vispe.train.runner import eval_size
 from vispe.train.tasks import get_task
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.xdist_group("train_cifar")  # its module fixture runs once, on one worker (tests/conftest.py)
 
 
 

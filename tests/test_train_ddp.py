@@ -20,7 +20,6 @@ from vispe.train.distributed import DistInfo
 from vispe.train.tasks import get_task
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.xdist_group("train_ddp")  # its module fixture runs once, on one worker (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

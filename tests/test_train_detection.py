@@ -21,7 +21,6 @@ from vispe.train.distributed import DistInfo
 from vispe.train.tasks import get_task
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.xdist_group("train_detection")  # its module fixture runs once, on one worker (tests/conftest.py)
 TIMING = ("epoch_time_s", "img_per_s")
 AP_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 

@@ -22,7 +22,6 @@ from conftest import load_train_main
 from vispe.data.miniature import write_miniature_cifar10
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.xdist_group("train_resume")  # its module fixture runs once, on one worker (tests/conftest.py)
 TIMING = ("epoch_time_s", "img_per_s")
 
 

@@ -32,7 +32,6 @@ import pytest
 import vispe
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.xdist_group("wheel")  # its module fixture runs once, on one worker (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
