@@ -1,14 +1,14 @@
 """train.py with ``train.compile=true`` survives size changes: a RoPE ViT whose evaluation batches
 (16, 16, 8) are not the training batches' 32 (so dynamo marks the batch dynamic), and the detector,
 whose evaluation batch (64 x 88 px) is not of its training batches' size (both 64 x 64 px in this
-subset: its training graph is compiled once, its evaluation graph with symbolic sizes). Tiny subsets and models (compile on the CPU is slow).
-The detector runs Inductor (the suite's one Inductor detector: about 6 minutes on a cold compile cache,
-20 s warm, on a shared 2-core CPU); the ViT runs ``aot_eager`` (dynamo's graphs and guards and AOT
-autograd's backward, no code generation: Inductor trains a ViT at three sizes in
-tests/test_compile.py). Not covered here: Inductor's failure in the backbone on the bench's batches of
-8 at full width ("cannot determine truth value of Relational", bench/compile_step.py), which these
-batches did not hit. The final ``train.eval_sizes`` evaluation runs the uncompiled model
-(``runner.evaluate_sizes``)."""
+subset: its training graph is compiled once, its evaluation graph with symbolic sizes). Tiny subsets
+and models (compile on the CPU is slow). The detector runs Inductor (the suite's one Inductor
+detector: about 6 minutes on a cold compile cache, 17 s warm, on a shared 2-core CPU); the ViT runs
+``aot_eager`` (dynamo's graphs and guards and AOT autograd's backward, no code generation: Inductor
+trains a ViT at three sizes in tests/test_compile.py). Not covered here: Inductor's failure in the
+backbone on the bench's batches of 8 at full width ("cannot determine truth value of Relational",
+bench/compile_step.py), which these batches did not hit. The final ``train.eval_sizes`` evaluation
+runs the uncompiled model (``runner.evaluate_sizes``)."""
 from __future__ import annotations
 
 import json
