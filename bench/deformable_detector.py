@@ -1,6 +1,6 @@
 """Forward + backward time of vispe's whole deformable detector against transformers'
 DeformableDetrForObjectDetection at the same config and weights, and the cost of a training step of
-configs/shapes_deformable_detr.yaml against the single-scale DAB-DETR + BoxRPB of configs/shapes_detr.yaml.
+configs/shapes_deformable_detr.yaml against the single-scale DAB-DETR + BoxRPB of configs/shapes_detr_table3.yaml.
 
     flock /work/heavy.lock python3 bootstrap.py bench/deformable_detector.py [--rounds 5] [--part both]
 
@@ -87,7 +87,7 @@ def shapes_part(args) -> dict:
     from vispe.train.tasks import get_task
 
     steps, samples = {}, None
-    for name, path in (("single-scale DAB+BoxRPB", "configs/shapes_detr.yaml"),
+    for name, path in (("single-scale DAB+BoxRPB", "configs/shapes_detr_table3.yaml"),
                        ("deformable (shapes config)", "configs/shapes_deformable_detr.yaml")):
         cfg = Cfg.load_config(ROOT / path, [])
         task = get_task(cfg.task)
