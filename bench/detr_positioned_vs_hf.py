@@ -7,7 +7,8 @@ transformers' ``ConditionalDetrForObjectDetection`` and ``DabDetrForObjectDetect
 configs (timm ResNet-18 backbone, random weights, nothing downloaded); ``load_detr`` builds vispe's
 detectors from them (checked before timing: the outputs agree). Input: 2 images padded to 320 x 480
 (the second 256 x 352 valid, so the padding mask matters). One step = forward + backward of the sum of
-logits and boxes. The four models are timed interleaved, in a new random order each round
+logits and boxes; both train the same parameters (the ResNet's layer2-4 and everything after it:
+``freeze_like``). The four models are timed interleaved, in a new random order each round
 (``bench/_common.py``); printed: the median over rounds of vispe's time / transformers' time of the
 same design in the same round, with the quartiles of the per-round ratios, wall and CPU clocks.
 """
@@ -39,9 +40,28 @@ def make_models(args) -> dict:
     models = {}
     for name, hf in (("conditional", cond), ("dab", dab)):
         hf = hf.to(args.device).train()
+        vispe = load_detr(hf).to(args.device).train()
+        freeze_like(hf, vispe)
         models[f"{name} transformers"] = hf
-        models[f"{name} vispe"] = load_detr(hf).to(args.device).train()
+        models[f"{name} vispe"] = vispe
     return models
+
+
+def trainable(model) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def freeze_like(hf, vispe) -> None:
+    """Freeze the ResNet's stem and layer1 in transformers' model, as vispe's DETR backbone does (DETR's
+    recipe: layer2-4 trained). transformers freezes them only when its backbone config's model type is
+    "resnet", which a timm backbone's is not, so without this its backward would also run through the
+    stem and layer1 (5 more convolution backwards, about 8% of its step at the papers' size: a ratio
+    that flattered vispe by that much). Checked: both then train the same number of parameters."""
+    for n, p in hf.named_parameters():
+        if ".backbone." in n and not any(f".{k}." in n for k in ("layer2", "layer3", "layer4")):
+            p.requires_grad_(False)
+    if trainable(hf) != trainable(vispe):
+        raise RuntimeError(f"trainable parameters differ: transformers {trainable(hf)}, vispe {trainable(vispe)}")
 
 
 def forward(model, images, mask):
