@@ -107,6 +107,35 @@ def main() -> None:
     t2 = time.perf_counter()
     print(f"\nevaluation at the training size ({len(data.test)} images, COCOeval; {args.threads[0]} thread): "
           f"{t1 - t0:.2f} s; drawing the predictions: {t2 - t1:.2f} s")
+    seeding(data.train, args.rounds)
+
+
+def seeding(train, rounds: int, n: int = 400) -> None:
+    """Loading ``n`` training samples with each sample's generators seeded as now (the CPU generator)
+    and as before issue 39 (``torch.manual_seed``, which also seeds CUDA lazily, recording a Python
+    stack per call), interleaved, median of ``rounds``."""
+    import numpy as np
+
+    from vispe.train import loaders
+
+    now = loaders._seed_all
+
+    def before(s: int) -> None:
+        torch.manual_seed(s)
+        np.random.seed(s % 2**32)
+        __import__("random").seed(s)
+
+    ms = {"torch.manual_seed (before)": [], "the CPU generator (now)": []}
+    for _ in range(rounds):
+        for name, fn in zip(ms, (before, now)):
+            loaders._seed_all = fn
+            t = time.perf_counter()
+            for i in range(n):
+                train[i]
+            ms[name].append((time.perf_counter() - t) * 1000 / n)
+    loaders._seed_all = now
+    print("loading a training sample (decode, DETR's augmentation), seeded with: " +
+          "; ".join(f"{k} {statistics.median(v):.2f} ms" for k, v in ms.items()))
 
 
 if __name__ == "__main__":
