@@ -18,7 +18,7 @@ import argparse
 
 import _common as C  # noqa: I001  (sets OMP_WAIT_POLICY before torch is imported)
 import torch
-from detr_step import inputs  # the same padded batch as the DETR bench
+from detr_step import freeze_like, inputs  # the same padded batch and trainable parameters as the DETR bench
 from transformers import (
     ConditionalDetrConfig,
     ConditionalDetrForObjectDetection,
@@ -45,23 +45,6 @@ def make_models(args) -> dict:
         models[f"{name} transformers"] = hf
         models[f"{name} vispe"] = vispe
     return models
-
-
-def trainable(model) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def freeze_like(hf, vispe) -> None:
-    """Freeze the ResNet's stem and layer1 in transformers' model, as vispe's DETR backbone does (DETR's
-    recipe: layer2-4 trained). transformers freezes them only when its backbone config's model type is
-    "resnet", which a timm backbone's is not, so without this its backward would also run through the
-    stem and layer1 (5 more convolution backwards, about 8% of its step at the papers' size: a ratio
-    that flattered vispe by that much). Checked: both then train the same number of parameters."""
-    for n, p in hf.named_parameters():
-        if ".backbone." in n and not any(f".{k}." in n for k in ("layer2", "layer3", "layer4")):
-            p.requires_grad_(False)
-    if trainable(hf) != trainable(vispe):
-        raise RuntimeError(f"trainable parameters differ: transformers {trainable(hf)}, vispe {trainable(vispe)}")
 
 
 def forward(model, images, mask):
