@@ -44,7 +44,7 @@ if "--warm-cache" not in sys.argv and "TORCHINDUCTOR_CACHE_DIR" not in os.enviro
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import torch._dynamo.utils as dynamo_utils  # noqa: E402
-from _common import interleaved, machine, ms, positive_args, ratio, spread  # noqa: E402  (before torch)
+from _common import compare_ops, interleaved, machine, ms, positive_args, ratio, spread  # noqa: E402  (before torch)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -200,6 +200,8 @@ def main() -> None:
                     "depend on what was compiled before)")
     ap.add_argument("--no-detr", action="store_true")
     ap.add_argument("--no-dynamic", action="store_true", help="skip DETR with dynamic=True")
+    ap.add_argument("--profile", action="store_true", help="after timing, profile each compiled DETR variant "
+                    "against its eager step op by op (where the compiled step's time goes)")
     ap.add_argument("--detr-variants", nargs="*", default=None, choices=DETR_VARIANTS,
                     help=f"compiled DETR variants (default: all of {', '.join(DETR_VARIANTS)}; "
                          "--no-dynamic drops dynamic)")
@@ -224,6 +226,9 @@ def main() -> None:
         dfns, dcosts, sizes, big, base = detr_steps(args.detr_batches, variants)
         costs.update(dcosts)
         det_times = interleaved(dfns, args.rounds, iters=1, warmup=1)
+        if args.profile:
+            for name, ref in base.items():
+                compare_ops({"eager": dfns[ref], "compiled": dfns[name]}, f"{name} against {ref}")
     print("\n## compile cost (seconds of the call; graphs = new graphs dynamo compiled in it, breaks = graph breaks)")
     print(f"{'model':<30}{'call':<30}{'s':>8}{'graphs':>8}{'breaks':>8}")
     for name, rows in costs.items():

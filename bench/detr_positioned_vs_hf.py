@@ -55,62 +55,6 @@ def forward(model, images, mask):
     return out.logits, out.pred_boxes
 
 
-#: op groups of the profile: where a step's time goes, by kind of work
-GROUPS = {"matrix products": ("aten::mm", "aten::addmm", "aten::bmm"),
-          "convolutions": ("aten::mkldnn_convolution", "aten::convolution_backward", "aten::_slow_conv2d_forward",
-                           "aten::_slow_conv2d_backward"),
-          "attention kernels": ("aten::_scaled_dot_product_flash_attention_for_cpu",
-                                "aten::_scaled_dot_product_flash_attention_for_cpu_backward")}
-
-
-def profile(models: dict, design: str, step, steps: int = 2, rows: int = 25) -> None:
-    """Self CPU time per op and step of the design's two models (torch.profiler, after one warm-up
-    step each): the ops that differ most, then the time by kind of work."""
-    from torch.profiler import ProfilerActivity, profile as torch_profile
-
-    res = {}
-    for who in ("transformers", "vispe"):
-        fn = step(models[f"{design} {who}"])
-        fn()
-        with torch_profiler_quiet(), torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-            for _ in range(steps):
-                fn()
-        res[who] = {e.key: (e.self_cpu_time_total / 1000 / steps, e.count // steps) for e in prof.key_averages()}
-    h, v = res["transformers"], res["vispe"]
-    keys = sorted(set(h) | set(v), key=lambda k: -abs(v.get(k, (0, 0))[0] - h.get(k, (0, 0))[0]))
-    print(f"\n## {design}: self CPU ms per step by op ({steps} profiled steps each), the {rows} that differ most")
-    print(f"{'op':<58}{'transformers ms':>16}{'calls':>7}{'vispe ms':>10}{'calls':>7}")
-    for k in keys[:rows]:
-        (a, n), (b, m) = h.get(k, (0.0, 0)), v.get(k, (0.0, 0))
-        print(f"{k[:57]:<58}{a:>16.1f}{n:>7d}{b:>10.1f}{m:>7d}")
-    print(f"\n{'kind of work':<26}{'transformers ms':>16}{'vispe ms':>10}")
-    grouped = set()
-    for group, ops in GROUPS.items():
-        grouped |= set(ops)
-        print(f"{group:<26}{sum(h.get(o, (0, 0))[0] for o in ops):>16.1f}{sum(v.get(o, (0, 0))[0] for o in ops):>10.1f}")
-    print(f"{'everything else':<26}{sum(t for k, (t, _) in h.items() if k not in grouped):>16.1f}"
-          f"{sum(t for k, (t, _) in v.items() if k not in grouped):>10.1f}")
-    print(f"{'total':<26}{sum(t for t, _ in h.values()):>16.1f}{sum(t for t, _ in v.values()):>10.1f}")
-
-
-def torch_profiler_quiet():
-    import contextlib
-    import os
-    import sys
-
-    @contextlib.contextmanager
-    def quiet():  # the profiler's C++ side prints start/stop lines on stderr
-        fd, saved = sys.stderr.fileno(), os.dup(sys.stderr.fileno())
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), fd)
-            try:
-                yield
-            finally:
-                os.dup2(saved, fd)
-                os.close(saved)
-    return quiet()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -147,7 +91,7 @@ def main() -> None:
             print(f"{design:12s} {clock:4s}: transformers {C.ms(times, h, clock):7.1f} ms, vispe {C.ms(times, v, clock):7.1f} ms,"
                   f" ratio vispe/transformers {C.ratio(times, v, h, clock):.3f} (quartiles {lo:.3f}-{hi:.3f})")
     for design in args.profile:
-        profile(models, design, stepper)
+        C.compare_ops({who: stepper(models[f"{design} {who}"]) for who in ("transformers", "vispe")}, design)
 
 
 if __name__ == "__main__":
