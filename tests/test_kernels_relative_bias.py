@@ -15,7 +15,8 @@ from vispe.registry import available, build_in
 TOL = dict(rtol=1e-5, atol=1e-5)
 RELATIVE = [("relbias", {}), ("log_cpb", {}), ("irpe", {}), ("irpe", {"method": "cross"}),
             ("irpe", {"method": "euclidean"}), ("relbias_axis", {}), ("relbias_axis", {"index": "t5", "num_buckets": 6,
-                                                                                       "max_distance": 3})]
+                                                                                       "max_distance": 3}),
+            ("lookhere", {}), ("lookhere", {"variant": "lh45", "fill_with": "max", "distance": "sqrt"})]
 
 
 def dense(table, shape, prefix):
@@ -80,6 +81,7 @@ def test_every_relative_encoding_gives_its_own_bias_as_a_table(name, kw):
         assert torch.equal(dense(table, shape, prefix), enc(shape)), shape
         assert torch.equal(gather_bias(table, relative_position_index(*shape)), enc.grid_bias(shape, "cpu", None))
     assert build_in("irpe", dict(dim=16, num_heads=2, grid=(3, 3)), contextual=True).relative((3, 3)) is None
+    assert build_in("lookhere", dict(num_heads=4), directions="center").relative((3, 3)) is None  # distance to the centre
     contextual = {"relpos_decomposed"}  # biases of the queries (SAM's decomposed tables): no table of offsets
     for n in contextual:
         assert build_in(n, dict(dim=16, num_heads=2, head_dim=8, grid=(3, 3))).relative((3, 3)) is None

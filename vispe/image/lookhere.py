@@ -155,20 +155,37 @@ class LookHere(BiasBase):
             return self.cached(("lookhere", h, w, device), lambda: self._bias(shape, None, device))
         return self._bias(shape, mask.to(device), device)
 
+    def relative_table(self, shape, device) -> torch.Tensor | None:
+        """The bias over every offset of the grid (query minus key, ``vispe.image._bias``): a
+        function of the offset alone unless a head measures to the centre.  # ((2h-1)(2w-1), heads)"""
+        if self._uses_center():
+            return None
+        h, w = shape
+        a = torch.arange(-(h - 1), h, device=device, dtype=torch.float32)  # query minus key, y
+        b = torch.arange(-(w - 1), w, device=device, dtype=torch.float32)  # query minus key, x
+        dy, dx = torch.meshgrid(-a, -b, indexing="ij")  # ((2h-1), (2w-1)) key minus query
+        return torch.stack(self._heads(dy.reshape(-1), dx.reshape(-1), None), -1)  # ((2h-1)(2w-1), heads)
+
     def _bias(self, shape, mask, device) -> torch.Tensor:
         """Float32 bias of the grid tokens.  # (1|B, heads, N, N)"""
         c = valid_coords(shape, mask, "index", device=device)  # (B|1, N, 2) counted over the valid area
         d = c[:, None, :, :] - c[:, :, None, :]  # (B|1, N, N, 2) key minus query, [.., i, j]
         dy, dx = d[..., 0], d[..., 1]
-        dist = torch.sqrt(dy * dy + dx * dx)  # (B|1, N, N)
+        to_centre = None
         if self._uses_center():
             n = c.amax(1, keepdim=True) + 1  # (B|1, 1, 2) valid extent
             centre = (n - 1) / 2
-            to_centre = torch.sqrt(((c - centre) ** 2).sum(-1))[:, None, :].expand_as(dist)  # (B|1, N, N) per key
+            to_centre = torch.sqrt(((c - centre) ** 2).sum(-1))[:, None, :].expand_as(dy)  # (B|1, N, N) per key
+        return torch.stack(self._heads(dy, dx, to_centre), 1)  # (B|1, heads, N, N)
+
+    def _heads(self, dy: torch.Tensor, dx: torch.Tensor, to_centre: torch.Tensor | None) -> list[torch.Tensor]:
+        """Each head's bias at key-minus-query offsets (dy, dx), any shape; ``to_centre`` the key's
+        distance to the valid area's centre (heads that measure to it).  # [dy.shape] * heads"""
+        dist = torch.sqrt(dy * dy + dx * dx)
         dist = {"linear": dist, "sqrt": dist.sqrt(), "square": dist * dist}[self.distance]
         heads = []
         for view, slope in zip(self.views, self.head_slopes):
-            m = to_centre if "center" in view else dist
+            m = to_centre if "center" in view and to_centre is not None else dist
             m = torch.zeros_like(m) if "zero" in view else m
             shown = torch.ones_like(dist, dtype=torch.bool)
             for direction in view:
@@ -178,12 +195,12 @@ class LookHere(BiasBase):
             if self.fill_with == "inf":
                 bias = torch.where(shown, bias, torch.full_like(bias, MASKED))
             elif self.fill_with == "max":
-                top = m.amax(dim=(-2, -1), keepdim=True)  # the head's largest distance
+                top = m.amax(dim=(-2, -1), keepdim=True) if m.dim() > 1 else m.amax()  # the head's largest distance
                 bias = torch.where(shown, bias, -(self.global_slope * self.layer_slope * slope) * top)
             else:  # zero
                 bias = torch.where(shown, bias, torch.zeros_like(bias))
             heads.append(bias)
-        return torch.stack(heads, 1)  # (B|1, heads, N, N)
+        return heads
 
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, variant={self.variant!r}, directions={self.directions!r}, "
