@@ -23,6 +23,7 @@ from pathlib import Path
 
 import _common as C  # noqa: I001  (sets OMP_WAIT_POLICY before torch is imported)
 import torch
+from detr_step import freeze_like
 from transformers import DeformableDetrConfig, DeformableDetrForObjectDetection
 
 from vispe.models.detr import load_detr
@@ -54,6 +55,7 @@ def transformers_part(args) -> dict:
                                    num_labels=91, auxiliary_loss=True, **kw)
         hf = perturb(DeformableDetrForObjectDetection(cfg)).train()
         ours = load_detr(hf).train()
+        freeze_like(hf, ours)  # the same trained parameters (transformers skips its stem/layer1 freeze for timm)
         with torch.no_grad():
             a = hf(pixel_values=images, pixel_mask=(~mask).long())
             b = ours(images, mask)
