@@ -127,7 +127,7 @@ def pad_to(batch, size: tuple[int, int]):
     return images, mask, targets  # boxes are normalised to each image's valid area: unchanged
 
 
-DETR_VARIANTS = ("compiled", "dynamic", "fixed", "fixed+backbone")
+DETR_VARIANTS = ("compiled", "dynamic", "fixed", "fixed+backbone", "fixed+aot_eager")
 
 
 def detr_steps(n_batches: int, variants: list[str]):
@@ -135,8 +135,10 @@ def detr_steps(n_batches: int, variants: list[str]):
     and the compile costs. ``variants``: ``compiled`` (default options: sizes marked dynamic after the
     first size change), ``dynamic`` (``dynamic=True``), both on the batches as they come (sizes change);
     ``fixed`` (``dynamic=False``, every batch padded to the largest size among them; the backbone outside
-    the graph, as by default) and ``fixed+backbone`` (the same with ``model.backbone_in_graph = True``),
-    each against an eager step on the same padded batches."""
+    the graph, as by default), ``fixed+backbone`` (the same with ``model.backbone_in_graph = True``) and
+    ``fixed+aot_eager`` (``fixed`` through AOT autograd with eager kernels, ``backend="aot_eager"``: what
+    tracing and the joint graph cost without Inductor's code), each against an eager step on the same
+    padded batches."""
     from vispe.train import loaders
     from vispe.train.config import load_config
     from vispe.train.distributed import DistInfo
@@ -180,7 +182,9 @@ def detr_steps(n_batches: int, variants: list[str]):
         name, kw, data_v = {"compiled": ("detr compiled", {}, batches),
                             "dynamic": ("detr dynamic", {"dynamic": True}, batches),
                             "fixed": ("detr compiled, fixed size", {"dynamic": False}, padded),
-                            "fixed+backbone": ("detr compiled+backbone, fixed", {"dynamic": False}, padded)}[v]
+                            "fixed+backbone": ("detr compiled+backbone, fixed", {"dynamic": False}, padded),
+                            "fixed+aot_eager": ("detr aot_eager, fixed", {"dynamic": False, "backend": "aot_eager"},
+                                                padded)}[v]
         fn = stepper(torch.compile(model, **kw), data_v)
         print(f"compiling {name}", file=sys.stderr, flush=True)
         costs[name] = [(f"first pass, {len(batches)} batches", *phase(fn)), ("second pass", *phase(fn))]
