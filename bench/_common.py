@@ -6,9 +6,11 @@ stall the timed code several-fold (``bench/threads.py``). An explicit setting wi
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import statistics
+import sys
 import time
 
 if "torch" not in __import__("sys").modules:
@@ -109,3 +111,53 @@ def spread(times: dict, name: str, base: str, clock: str = "wall") -> tuple[floa
 
 def ms(times: dict, name: str, clock: str = "wall") -> float:
     return 1e3 * statistics.median(t[CLOCKS[clock]] for t in times[name])
+
+
+#: op groups of ``compare_ops``: where a step's time goes, by kind of work
+GROUPS = {"matrix products": ("aten::mm", "aten::addmm", "aten::bmm"),
+          "convolutions": ("aten::mkldnn_convolution", "aten::convolution_backward", "aten::_slow_conv2d_forward",
+                           "aten::_slow_conv2d_backward"),
+          "attention kernels": ("aten::_scaled_dot_product_flash_attention_for_cpu",
+                                "aten::_scaled_dot_product_flash_attention_for_cpu_backward")}
+
+
+def compare_ops(fns: dict, title: str, steps: int = 2, rows: int = 25) -> None:
+    """Self CPU time per op and call of two step functions ``{label: fn}`` (torch.profiler, after one
+    warm-up call each): the ops that differ most, then the time by kind of work (``GROUPS``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    res = {}
+    for who, fn in fns.items():
+        fn()
+        with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(steps):
+                fn()
+        res[who] = {e.key: (e.self_cpu_time_total / 1000 / steps, e.count // steps) for e in prof.key_averages()}
+    (la, h), (lb, v) = res.items()
+    keys = sorted(set(h) | set(v), key=lambda k: -abs(v.get(k, (0, 0))[0] - h.get(k, (0, 0))[0]))
+    print(f"\n## {title}: self CPU ms per step by op ({steps} profiled steps each), the {rows} that differ most")
+    print(f"{'op':<58}{la + ' ms':>16}{'calls':>7}{lb + ' ms':>14}{'calls':>7}")
+    for k in keys[:rows]:
+        (a, n), (b, m) = h.get(k, (0.0, 0)), v.get(k, (0.0, 0))
+        print(f"{k[:57]:<58}{a:>16.1f}{n:>7d}{b:>14.1f}{m:>7d}")
+    print(f"\n{'kind of work':<26}{la + ' ms':>16}{lb + ' ms':>14}")
+    grouped = set()
+    for group, ops in GROUPS.items():
+        grouped |= set(ops)
+        print(f"{group:<26}{sum(h.get(o, (0, 0))[0] for o in ops):>16.1f}{sum(v.get(o, (0, 0))[0] for o in ops):>14.1f}")
+    print(f"{'everything else':<26}{sum(t for k, (t, _) in h.items() if k not in grouped):>16.1f}"
+          f"{sum(t for k, (t, _) in v.items() if k not in grouped):>14.1f}")
+    print(f"{'total':<26}{sum(t for t, _ in h.values()):>16.1f}{sum(t for t, _ in v.values()):>14.1f}")
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """The profiler's C++ side prints start/stop lines on stderr: silenced while it records."""
+    fd, saved = sys.stderr.fileno(), os.dup(sys.stderr.fileno())
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), fd)
+        try:
+            yield
+        finally:
+            os.dup2(saved, fd)
+            os.close(saved)

@@ -44,7 +44,7 @@ if "--warm-cache" not in sys.argv and "TORCHINDUCTOR_CACHE_DIR" not in os.enviro
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import torch._dynamo.utils as dynamo_utils  # noqa: E402
-from _common import interleaved, machine, ms, positive_args, ratio, spread  # noqa: E402  (before torch)
+from _common import compare_ops, interleaved, machine, ms, positive_args, ratio, spread  # noqa: E402  (before torch)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,9 +118,27 @@ def vit_pair(pe: str, batch: int):
     return stepper(eager, eager.parameters()), step_c, cost
 
 
-def detr_steps(n_batches: int, dynamic: bool):
-    """Eager, compiled (default) and, when asked, compiled ``dynamic=True`` DETR steps over
-    ``n_batches`` real training batches of configs/shapes_detr.yaml, and their compile costs."""
+def pad_to(batch, size: tuple[int, int]):
+    """A detection batch padded (zeros, mask True) to ``size`` = (H, W)."""
+    images, mask, targets = batch
+    dh, dw = size[0] - images.shape[-2], size[1] - images.shape[-1]
+    images = torch.nn.functional.pad(images, (0, dw, 0, dh))  # (B, 3, H, W)
+    mask = torch.nn.functional.pad(mask, (0, dw, 0, dh), value=True)  # (B, H, W)
+    return images, mask, targets  # boxes are normalised to each image's valid area: unchanged
+
+
+DETR_VARIANTS = ("compiled", "dynamic", "fixed", "fixed+backbone", "fixed+aot_eager")
+
+
+def detr_steps(n_batches: int, variants: list[str]):
+    """Eager and compiled DETR steps over ``n_batches`` real training batches of configs/shapes_detr.yaml,
+    and the compile costs. ``variants``: ``compiled`` (default options: sizes marked dynamic after the
+    first size change), ``dynamic`` (``dynamic=True``), both on the batches as they come (sizes change);
+    ``fixed`` (``dynamic=False``, every batch padded to the largest size among them; the backbone outside
+    the graph, as by default), ``fixed+backbone`` (the same with ``model.backbone_in_graph = True``) and
+    ``fixed+aot_eager`` (``fixed`` through AOT autograd with eager kernels, ``backend="aot_eager"``: what
+    tracing and the joint graph cost without Inductor's code), each against an eager step on the same
+    padded batches."""
     from vispe.train import loaders
     from vispe.train.config import load_config
     from vispe.train.distributed import DistInfo
@@ -140,24 +158,39 @@ def detr_steps(n_batches: int, dynamic: bool):
         if len(batches) == n_batches:
             break
     sizes = sorted({tuple(b[0].shape[-2:]) for b in batches})
+    big = (max(h for h, _ in sizes), max(w for _, w in sizes))
+    padded = [pad_to(b, big) for b in batches]
 
-    def stepper(model):
+    def stepper(model, data):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
         def step():
-            for b in batches:
+            for b in data:
                 loss, _ = task.step(model, b, torch.device("cpu"))
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
         return step
 
-    fns, costs = {"detr eager": stepper(eager)}, {}
-    for name, kw in (("detr compiled", {}), ("detr dynamic", {"dynamic": True}))[: 2 if dynamic else 1]:
-        fn = stepper(torch.compile(copy.deepcopy(eager), **kw))
+    fns, costs, base = {"detr eager": stepper(eager, batches)}, {}, {}
+    if any(v.startswith("fixed") for v in variants):
+        fns["detr eager, fixed size"] = stepper(eager, padded)
+    for v in variants:
+        model = copy.deepcopy(eager)
+        if v == "fixed+backbone":
+            model.backbone_in_graph = True
+        name, kw, data_v = {"compiled": ("detr compiled", {}, batches),
+                            "dynamic": ("detr dynamic", {"dynamic": True}, batches),
+                            "fixed": ("detr compiled, fixed size", {"dynamic": False}, padded),
+                            "fixed+backbone": ("detr compiled+backbone, fixed", {"dynamic": False}, padded),
+                            "fixed+aot_eager": ("detr aot_eager, fixed", {"dynamic": False, "backend": "aot_eager"},
+                                                padded)}[v]
+        fn = stepper(torch.compile(model, **kw), data_v)
+        print(f"compiling {name}", file=sys.stderr, flush=True)
         costs[name] = [(f"first pass, {len(batches)} batches", *phase(fn)), ("second pass", *phase(fn))]
         fns[name] = fn
-    return fns, costs, sizes
+        base[name] = "detr eager, fixed size" if v.startswith("fixed") else "detr eager"
+    return fns, costs, sizes, big, base
 
 
 def main() -> None:
@@ -171,6 +204,11 @@ def main() -> None:
                     "depend on what was compiled before)")
     ap.add_argument("--no-detr", action="store_true")
     ap.add_argument("--no-dynamic", action="store_true", help="skip DETR with dynamic=True")
+    ap.add_argument("--profile", action="store_true", help="after timing, profile each compiled DETR variant "
+                    "against its eager step op by op (where the compiled step's time goes)")
+    ap.add_argument("--detr-variants", nargs="*", default=None, choices=DETR_VARIANTS,
+                    help=f"compiled DETR variants (default: all of {', '.join(DETR_VARIANTS)}; "
+                         "--no-dynamic drops dynamic)")
     args = ap.parse_args()
     positive_args(ap, args, "rounds", "iters", "batch", "detr_batches")
     args.encodings = encodings() if args.encodings is None else args.encodings
@@ -184,30 +222,39 @@ def main() -> None:
         eager, comp, cost = vit_pair(pe, args.batch)
         fns[f"{pe} eager"], fns[f"{pe} compiled"], costs[f"{pe} compiled"] = eager, comp, cost
     times = interleaved(fns, args.rounds, iters=args.iters, warmup=1) if fns else {}
-    det_times, sizes = {}, []
+    det_times, sizes, base = {}, [], {}
     if not args.no_detr:
-        dfns, dcosts, sizes = detr_steps(args.detr_batches, not args.no_dynamic)
+        variants = list(DETR_VARIANTS if args.detr_variants is None else args.detr_variants)
+        if args.no_dynamic and "dynamic" in variants:
+            variants.remove("dynamic")
+        dfns, dcosts, sizes, big, base = detr_steps(args.detr_batches, variants)
         costs.update(dcosts)
         det_times = interleaved(dfns, args.rounds, iters=1, warmup=1)
+        if args.profile:
+            for name, ref in base.items():
+                compare_ops({"eager": dfns[ref], "compiled": dfns[name]}, f"{name} against {ref}")
     print("\n## compile cost (seconds of the call; graphs = new graphs dynamo compiled in it, breaks = graph breaks)")
-    print(f"{'model':<22}{'call':<30}{'s':>8}{'graphs':>8}{'breaks':>8}")
+    print(f"{'model':<30}{'call':<30}{'s':>8}{'graphs':>8}{'breaks':>8}")
     for name, rows in costs.items():
         for what, s, g, b in rows:
-            print(f"{name:<22}{what:<30}{s:>8.1f}{g:>8d}{b:>8d}")
+            print(f"{name:<30}{what:<30}{s:>8.1f}{g:>8d}{b:>8d}")
     print(f"\n## step time, median of {args.rounds} rounds (ViT: batch {args.batch}, 32x32; wall and CPU clocks)")
-    print(f"{'model':<22}{'eager ms':>10}{'compiled ms':>13}{'ratio wall':>12}{'(quartiles)':>16}{'ratio cpu':>11}")
+    print(f"{'model':<30}{'eager ms':>10}{'compiled ms':>13}{'ratio wall':>12}{'(quartiles)':>16}{'ratio cpu':>11}")
     for pe in args.encodings:
         c, e = f"{pe} compiled", f"{pe} eager"
         lo, hi = spread(times, c, e)
-        print(f"{pe:<22}{ms(times, e):>10.1f}{ms(times, c):>13.1f}{ratio(times, c, e):>12.2f}"
+        print(f"{pe:<30}{ms(times, e):>10.1f}{ms(times, c):>13.1f}{ratio(times, c, e):>12.2f}"
               f"{f'{lo:.2f}-{hi:.2f}':>16}{ratio(times, c, e, 'cpu'):>11.2f}")
-    for name in (n for n in det_times if n != "detr eager"):
-        lo, hi = spread(det_times, name, "detr eager")
-        print(f"{name:<22}{ms(det_times, 'detr eager'):>10.1f}{ms(det_times, name):>13.1f}"
-              f"{ratio(det_times, name, 'detr eager'):>12.2f}{f'{lo:.2f}-{hi:.2f}':>16}"
-              f"{ratio(det_times, name, 'detr eager', 'cpu'):>11.2f}")
+    for name, ref in base.items():
+        lo, hi = spread(det_times, name, ref)
+        print(f"{name:<30}{ms(det_times, ref):>10.1f}{ms(det_times, name):>13.1f}"
+              f"{ratio(det_times, name, ref):>12.2f}{f'{lo:.2f}-{hi:.2f}':>16}"
+              f"{ratio(det_times, name, ref, 'cpu'):>11.2f}")
     if det_times:
-        print(f"(DETR: one pass over {args.detr_batches} training batches of sizes {sizes}, batch size 8)")
+        print(f"(DETR: one pass over {args.detr_batches} training batches of sizes {sizes}, batch size 8; "
+              f"'fixed': the same batches padded to {big}, against an eager step on them: "
+              f"{ms(det_times, 'detr eager, fixed size'):.1f} ms)" if "detr eager, fixed size" in det_times else
+              f"(DETR: one pass over {args.detr_batches} training batches of sizes {sizes}, batch size 8)")
 
 
 if __name__ == "__main__":

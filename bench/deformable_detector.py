@@ -1,6 +1,6 @@
 """Forward + backward time of vispe's whole deformable detector against transformers'
 DeformableDetrForObjectDetection at the same config and weights, and the cost of a training step of
-configs/shapes_deformable_detr.yaml against the single-scale DAB-DETR + BoxRPB of configs/shapes_detr.yaml.
+configs/shapes_deformable_detr.yaml against the single-scale DAB-DETR + BoxRPB of configs/shapes_detr_table3.yaml.
 
     flock /work/heavy.lock python3 bootstrap.py bench/deformable_detector.py [--rounds 5] [--part both]
 
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import _common as C  # noqa: I001  (sets OMP_WAIT_POLICY before torch is imported)
 import torch
+from detr_step import freeze_like
 from transformers import DeformableDetrConfig, DeformableDetrForObjectDetection
 
 from vispe.models.detr import load_detr
@@ -54,6 +55,7 @@ def transformers_part(args) -> dict:
                                    num_labels=91, auxiliary_loss=True, **kw)
         hf = perturb(DeformableDetrForObjectDetection(cfg)).train()
         ours = load_detr(hf).train()
+        freeze_like(hf, ours)  # the same trained parameters (transformers skips its stem/layer1 freeze for timm)
         with torch.no_grad():
             a = hf(pixel_values=images, pixel_mask=(~mask).long())
             b = ours(images, mask)
@@ -87,7 +89,7 @@ def shapes_part(args) -> dict:
     from vispe.train.tasks import get_task
 
     steps, samples = {}, None
-    for name, path in (("single-scale DAB+BoxRPB", "configs/shapes_detr.yaml"),
+    for name, path in (("single-scale DAB+BoxRPB", "configs/shapes_detr_table3.yaml"),
                        ("deformable (shapes config)", "configs/shapes_deformable_detr.yaml")):
         cfg = Cfg.load_config(ROOT / path, [])
         task = get_task(cfg.task)

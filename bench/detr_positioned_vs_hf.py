@@ -7,7 +7,8 @@ transformers' ``ConditionalDetrForObjectDetection`` and ``DabDetrForObjectDetect
 configs (timm ResNet-18 backbone, random weights, nothing downloaded); ``load_detr`` builds vispe's
 detectors from them (checked before timing: the outputs agree). Input: 2 images padded to 320 x 480
 (the second 256 x 352 valid, so the padding mask matters). One step = forward + backward of the sum of
-logits and boxes. The four models are timed interleaved, in a new random order each round
+logits and boxes; both train the same parameters (the ResNet's layer2-4 and everything after it:
+``freeze_like``). The four models are timed interleaved, in a new random order each round
 (``bench/_common.py``); printed: the median over rounds of vispe's time / transformers' time of the
 same design in the same round, with the quartiles of the per-round ratios, wall and CPU clocks.
 """
@@ -17,7 +18,7 @@ import argparse
 
 import _common as C  # noqa: I001  (sets OMP_WAIT_POLICY before torch is imported)
 import torch
-from detr_step import inputs  # the same padded batch as the DETR bench
+from detr_step import freeze_like, inputs  # the same padded batch and trainable parameters as the DETR bench
 from transformers import (
     ConditionalDetrConfig,
     ConditionalDetrForObjectDetection,
@@ -39,8 +40,10 @@ def make_models(args) -> dict:
     models = {}
     for name, hf in (("conditional", cond), ("dab", dab)):
         hf = hf.to(args.device).train()
+        vispe = load_detr(hf).to(args.device).train()
+        freeze_like(hf, vispe)
         models[f"{name} transformers"] = hf
-        models[f"{name} vispe"] = load_detr(hf).to(args.device).train()
+        models[f"{name} vispe"] = vispe
     return models
 
 
@@ -60,6 +63,8 @@ def main() -> None:
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--queries", type=int, default=300)
+    ap.add_argument("--profile", nargs="*", default=[], choices=("conditional", "dab"),
+                    help="after timing, profile these designs op by op (transformers against vispe)")
     args = ap.parse_args()
     C.positive_args(ap, args, "rounds", "iters", "d_model", "layers", "queries")
     models = make_models(args)
@@ -85,6 +90,8 @@ def main() -> None:
             lo, hi = C.spread(times, v, h, clock)
             print(f"{design:12s} {clock:4s}: transformers {C.ms(times, h, clock):7.1f} ms, vispe {C.ms(times, v, clock):7.1f} ms,"
                   f" ratio vispe/transformers {C.ratio(times, v, h, clock):.3f} (quartiles {lo:.3f}-{hi:.3f})")
+    for design in args.profile:
+        C.compare_ops({who: stepper(models[f"{design} {who}"]) for who in ("transformers", "vispe")}, design)
 
 
 if __name__ == "__main__":

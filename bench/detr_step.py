@@ -7,7 +7,8 @@ random weights, nothing downloaded); ``load_detr`` builds vispe's detector from 
 the same weights (checked: the outputs agree before timing). Input: a batch of 2 images padded to
 320 x 480 (the second is 256 x 352 valid, so the padding mask matters). One step = forward +
 backward of the sum of the logits and boxes (the loss is the same cheap reduction for both, so
-the time is the model's). The models are timed side by side, interleaved round by round; the
+the time is the model's); both train the same parameters (the ResNet's stem and layer1 frozen in
+transformers' model too, as DETR and vispe do: ``freeze_like``). The models are timed side by side, interleaved round by round; the
 printed figure is the median over rounds of vispe's time divided by transformers' time.
 """
 from __future__ import annotations
@@ -31,7 +32,25 @@ def make_models(args):
                      decoder_ffn_dim=2048, num_queries=100, num_labels=91, dropout=0.0, attention_dropout=0.0)
     hf = DetrForObjectDetection(cfg).to(args.device).train()
     ours = load_detr(hf).to(args.device).train()
+    freeze_like(hf, ours)
     return hf, ours
+
+
+def trainable(model) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def freeze_like(hf, vispe) -> None:
+    """Freeze the ResNet's stem and layer1 in transformers' model, as vispe's DETR backbone does (DETR's
+    recipe: layer2-4 trained). transformers freezes them only when its backbone config's model type is
+    "resnet", which a timm backbone's is not, so without this its backward would also run through the
+    stem and layer1 (5 more convolution backwards, about 8% of its step at the papers' size: a ratio
+    that flattered vispe by that much). Checked: both then train the same number of parameters."""
+    for n, p in hf.named_parameters():
+        if ".backbone." in n and not any(f".{k}." in n for k in ("layer2", "layer3", "layer4")):
+            p.requires_grad_(False)
+    if trainable(hf) != trainable(vispe):
+        raise RuntimeError(f"trainable parameters differ: transformers {trainable(hf)}, vispe {trainable(vispe)}")
 
 
 def inputs(device):

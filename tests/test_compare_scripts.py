@@ -57,6 +57,7 @@ def test_table3_script_asks_for_detr_s_own_design(tmp_path):
     assert {n for n, _ in points} == csv_runs("shapes_detr.csv")
     for name, cfg in points:
         assert (cfg.detr.decoder, cfg.detr.box_bias) == ("detr", None), name
+        assert cfg.train.epochs == 16, f"{name}: DETR Table 3's budget (configs/shapes_detr_table3.yaml)"
         assert (cfg.task.weight_ce, cfg.task.cost_class) == (1, 1), name
         assert OmegaConf.to_container(cfg.model.pe_kwargs) == {}, f"{name}: the encoding's own settings"
     for name, cfg in points:
@@ -76,6 +77,7 @@ def test_queries_script_asks_for_the_designs_its_table_names(tmp_path):
         assert kwargs == ({} if decoder == "conditional" else {"temperature": 20}), name
         assert (cfg.task.weight_ce, cfg.task.cost_class) == (2, 2), name
         assert cfg.detr.init == "legacy", f"{name}: ran before issue 35's papers' initialisation"
+        assert cfg.train.epochs == 16, f"{name}: DETR Table 3's budget (configs/shapes_detr_table3.yaml)"
     for name, cfg in points:
         if name.endswith("_seed0"):
             builds(cfg)
@@ -116,3 +118,14 @@ def test_deformable_script_asks_for_the_rows_its_table_names(tmp_path):
     for name, cfg in points:
         if name.endswith("_seed0") and "level_pe" not in name:
             builds(cfg)
+
+
+def test_init_relation_script_runs_the_table3_recipe(tmp_path):
+    """run_detr_init_relation.sh (issue 35): DAB-DETR + BoxRPB at DETR Table 3's budget, 16 epochs, since
+    issue 39 from configs/shapes_detr_table3.yaml (the default configs/shapes_detr.yaml trains 12)."""
+    points = recorded_points("run_detr_init_relation.sh", tmp_path)
+    assert len(points) == 9
+    for name, cfg in points:
+        assert (cfg.detr.decoder, cfg.detr.box_bias, cfg.train.epochs) == ("dab", "boxrpb", 16), name
+        assert cfg.detr.init == ("legacy" if "init-legacy" in name else "papers"), name
+        assert cfg.detr.query_relation == ("relation" if "relation" in name else None), name

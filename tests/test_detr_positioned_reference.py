@@ -112,6 +112,17 @@ def test_dab_detr_equals_transformers_with_auxiliary_outputs():
     assert (refs[1] - refs[0]).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("make, reference", [(hf_conditional, conditional_reference), (hf_dab, dab_reference)])
+def test_one_decoder_layer_loads_without_its_idle_query_scale(make, reference):
+    """With one decoder layer the references build query_scale (used from the second layer on) and
+    never run it; vispe builds no idle module (issue 35), so loading refused the weights until they
+    were left out for exactly that case. The outputs equal the reference's."""
+    hf = make(decoder_layers=1)
+    model = load_detr(hf).eval()
+    assert model.queries.query_scale is None
+    assert_outputs_equal(model, reference(hf, *batch()))
+
+
 def test_dab_detr_keep_query_pos_and_random_refpoints_load():
     hf = hf_dab(keep_query_pos=True, random_refpoints_xy=True, decoder_layers=3)
     model = load_detr(hf).eval()

@@ -157,3 +157,18 @@ def test_effort_counts_runs_once_across_their_evaluation_rows(tmp_path):
     h = tmp_path / "h.csv"
     h.write_text("acc,commit\n0.5,c\n")
     assert freshness.effort(h) == "-"
+
+
+def test_a_csv_of_the_table3_recipe_follows_its_config_not_the_default(repo):
+    """issue 39: DETR Table 3's recipe moved from configs/shapes_detr.yaml to shapes_detr_table3.yaml; the
+    sweeps of results/compare/run_detr_*.sh (shapes_detr*.csv) use the latter, the five-minute default not."""
+    (repo / "configs" / "shapes_detr_table3.yaml").write_text("a: 1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "table3")
+    head = git(repo, "rev-parse", "HEAD")
+    write_csv(repo, "shapes_detr.csv", [head])
+    write_csv(repo, "shapes_detr_init.csv", [head])
+    commit_change(repo, "configs/shapes_detr.yaml")  # the default's schedule changes: not these runs'
+    assert states(repo) == {"shapes_detr.csv": "fresh", "shapes_detr_init.csv": "fresh"}
+    commit_change(repo, "configs/shapes_detr_table3.yaml")
+    assert states(repo) == {"shapes_detr.csv": "STALE, NOT MARKED", "shapes_detr_init.csv": "STALE, NOT MARKED"}

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 35 on the embedded shapes set at DETR Table 3's budget (configs/shapes_detr.yaml: DAB-DETR +
+# Issue 35 on the embedded shapes set at DETR Table 3's budget (configs/shapes_detr_table3.yaml, which
+# was configs/shapes_detr.yaml when these runs started: DAB-DETR +
 # BoxRPB, 16 epochs): the papers' initialisation (detr.init=papers, the default since issue 35) against
 # vispe's before it (detr.init=legacy), and Relation-DETR's box-to-box relation on top of the default
 # (detr.query_relation=relation), 3 seeds each. One run at a time, two threads each; the three runs
@@ -14,7 +15,7 @@ cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-runs/sweeps/shapes_detr_init}
 LOCK=${LOCK:-/work/heavy.lock}
-sweep() { $PY -m vispe.sweep --config configs/shapes_detr.yaml --out "$OUT" --threads 2 --pe sine "$@"; }
+sweep() { $PY -m vispe.sweep --config configs/shapes_detr_table3.yaml --out "$OUT" --threads 2 --pe sine "$@"; }
 seed_rows() {
   sweep --vary detr.init=papers --seeds "$1"
   sweep --vary detr.init=legacy --seeds "$1"

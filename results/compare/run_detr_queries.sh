@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # DETR's Table 3 on the embedded shapes set, continued: positioned object queries (issue 25).
-# configs/shapes_detr.yaml's budget (16 epochs, same model size, data, optimiser) with the query
+# configs/shapes_detr_table3.yaml's budget (16 epochs, same model size, data, optimiser) with the query
 # designs of vispe.models.detr.designs; the positioned designs use their papers' focal loss weights
 # (classification 2, matching cost 2). Two lanes of one-thread runs; finished points are skipped.
 #
@@ -12,11 +12,11 @@ PY=${PY:-.venv/bin/python}
 OUT=${OUT:-runs/sweeps/shapes_detr_queries}
 # every row ran before issue 35 made the papers' initialisation the default: detr.init=legacy keeps theirs
 FOCAL="task.weight_ce=2 task.cost_class=2 detr.init=legacy"
-# configs/shapes_detr.yaml defaults to DAB-DETR + BoxRPB with a temperature-20 sine: every row but
+# the recipe defaults to DAB-DETR + BoxRPB with a temperature-20 sine: every row but
 # BoxRPB's pins the box bias off, and Conditional DETR keeps the sine's own temperature (10000)
 NOBIAS="detr.box_bias=null"
 mkdir -p "$(dirname "$OUT")"
-sweep() { $PY -m vispe.sweep --config configs/shapes_detr.yaml --out "$OUT" --threads 1 "$@"; }
+sweep() { $PY -m vispe.sweep --config configs/shapes_detr_table3.yaml --out "$OUT" --threads 1 "$@"; }
 cond() { sweep --pe sine --vary detr.decoder=conditional --seeds "$1" $FOCAL $NOBIAS model.pe_kwargs={}; }
 dab() { sweep --pe sine --vary detr.decoder=dab --seeds "$1" $FOCAL $NOBIAS model.pe_kwargs.temperature=20; }
 boxrpb() { sweep --pe sine --vary detr.decoder=dab --vary detr.box_bias=boxrpb --seeds "$1" $FOCAL model.pe_kwargs.temperature=20; }

@@ -167,7 +167,7 @@ def queries_table() -> str:
     return "\n".join(lines)
 
 
-INIT_ROWS = [  # (row, group label in shapes_detr_init's report): configs/shapes_detr.yaml's DAB-DETR + BoxRPB
+INIT_ROWS = [  # (row, group label in shapes_detr_init's report): configs/shapes_detr_table3.yaml's DAB-DETR + BoxRPB
     ("DAB-DETR + BoxRPB, the papers' initialisation (`detr.init=papers`, the default)", "sine [init=papers]"),
     ("DAB-DETR + BoxRPB, vispe's before issue 35 (`detr.init=legacy`)", "sine [init=legacy]"),
     ("DAB-DETR + BoxRPB + Relation-DETR's relation (`detr.query_relation=relation`, papers' init)",
@@ -178,7 +178,7 @@ INIT_ROWS = [  # (row, group label in shapes_detr_init's report): configs/shapes
 def init_relation_table() -> str:
     """Issue 35's rows: AP at the training size (mean +- std, and each seed), at 0.75x and 1.5x."""
     df = load("shapes_detr_init")
-    lines = ["| design (configs/shapes_detr.yaml, 16 epochs) | AP | AP50 | AP per seed (0, 1, 2) | AP at 0.75x / 1.5x "
+    lines = ["| design (configs/shapes_detr_table3.yaml, 16 epochs) | AP | AP50 | AP per seed (0, 1, 2) | AP at 0.75x / 1.5x "
              "| seeds | commit |", "|---|---|---|---|---|---|---|"]
     fin = None if df is None else report.add_group(df[df["status"] == "finished"])
     for row, group in INIT_ROWS:
@@ -195,8 +195,8 @@ def init_relation_table() -> str:
     return "\n".join(lines)
 
 
-SINGLE_SCALE_ROWS = [  # (row, CSV, group label): configs/shapes_detr.yaml's single-scale designs at the same budget
-    ("single-scale DAB-DETR + BoxRPB (configs/shapes_detr.yaml, vispe's init before issue 35)", "shapes_detr_queries",
+SINGLE_SCALE_ROWS = [  # (row, CSV, group label): configs/shapes_detr_table3.yaml's single-scale designs at the same budget
+    ("single-scale DAB-DETR + BoxRPB (configs/shapes_detr_table3.yaml, vispe's init before issue 35)", "shapes_detr_queries",
      "sine [decoder=dab, temperature=20.0, box_bias=boxrpb]"),
     ("single-scale DAB-DETR + BoxRPB, the papers' initialisation (issue 35)", "shapes_detr_init", "sine [init=papers]"),
     ("single-scale DAB-DETR (no box bias)", "shapes_detr_queries", "sine [decoder=dab, temperature=20.0]"),
@@ -226,7 +226,7 @@ def _ap_row(row: str, at: pd.DataFrame, sizes: pd.DataFrame, paper: str) -> str:
 
 
 def deformable_table() -> str:
-    """Issue 36's rows: the deformable designs at configs/shapes_detr.yaml's budget, beside the single-scale
+    """Issue 36's rows: the deformable designs at configs/shapes_detr_table3.yaml's budget, beside the single-scale
     rows; AP at the training size (mean +- std, each seed), at 0.75x / 1.5x, mean step time of the runs."""
     lines = ["| design (16 epochs, shapes set) | AP | AP50 | AP per seed | AP at 0.75x / 1.5x | seeds | step | commit "
              "| published (COCO, R50) |", "|---|---|---|---|---|---|---|---|---|"]

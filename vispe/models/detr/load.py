@@ -222,6 +222,10 @@ def load_detr(source, config=None, **overrides) -> DETR:
     kwargs = {**_architecture(state, hints), **overrides}
     model = create_detr(**kwargs)
     own = {k: v for k, v in model.state_dict().items() if not k.endswith("." + GRID_KEY)}  # grid records: optional
+    if kwargs.get("dec_layers") == 1 and not any(k.startswith("queries.query_scale.") for k in own):
+        # Conditional / DAB-DETR scale the query position from the second layer on: with one decoder layer
+        # the source's query_scale never runs, and vispe does not build a module without a gradient
+        state = {k: v for k, v in state.items() if not k.startswith("queries.query_scale.")}
     missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     if missing or unexpected:
         raise ValueError(f"source ({fmt} format) does not fit vispe's DETR: missing {missing[:5]}"

@@ -63,6 +63,12 @@ class DETR(nn.Module):
 
     #: refuse NaN / inf pixels (opt-in, as the ViT's: costs one pass over the input per call)
     check_finite: bool = False
+    #: let ``torch.compile`` trace the backbone too (opt-in). By default the backbone runs eagerly
+    #: outside the graph, because Inductor fails on its convolutions at symbolic sizes (detection batches
+    #: change size at every step; ``vispe.models.detr._inputs.eager_backbone``); at one fixed input size
+    #: (``torch.compile(model, dynamic=False)``, batches padded to one size) it compiles
+    #: (bench/compile_step.py, results/bench_compile.md)
+    backbone_in_graph: bool = False
 
     def __init__(self, backbone: nn.Module, transformer: Transformer, design: Design, *, num_classes: int,
                  num_queries: int, pe: str, pe_kwargs: dict, placement, dec_pe: str | None, dec_pe_kwargs: dict,
@@ -123,7 +129,10 @@ class DETR(nn.Module):
     def forward(self, images: torch.Tensor, mask: torch.Tensor | None = None) -> dict:
         """Images (B, 3, H, W) and padding mask (B, H, W), True = padding -> DETR's output dict."""
         mask = _check_inputs(images, mask, self.in_chans, self.check_finite)
-        feats, fmask = _eager_backbone(self.backbone, images, mask)  # (B, C, h, w), (B, h, w)
+        if self.backbone_in_graph:
+            feats, fmask = self.backbone(images, mask)  # (B, C, h, w), (B, h, w)
+        else:
+            feats, fmask = _eager_backbone(self.backbone, images, mask)
         x = self.input_proj(feats)  # (B, d, h, w)
         B, d, h, w = x.shape
         grid_mask = fmask if bool(fmask.any()) else None  # no padding: cached tables, unmasked attention
