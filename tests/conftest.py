@@ -20,6 +20,44 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+#: modules whose module fixture trains or builds something: with `-n 2` each runs as one unit, on one
+#: worker, so that its fixture runs once (pytest-xdist's xdist_group mark would say the same, but
+#: pytest-xdist 3.8 cannot tag the tests of pytest 9's node ids)
+ONE_WORKER = ("test_sweep.py", "test_docs_site.py", "test_train_ddp.py", "test_train_detection.py", "test_wheel.py",
+              "test_train_cifar.py", "test_train_resume.py")
+#: Inductor's tests first: on a cold compile cache (a fresh machine) they are the longest by far
+FIRST = ("test_train_compile.py", "test_compile.py")
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`-n 2` (pytest-xdist's default distribution, load) hands the tests out one at a time, in the
+    order below, as a worker frees up (xdist's own load sends each worker a quarter of the suite at
+    once), and each module of ONE_WORKER as one unit. Another --dist is left to xdist."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneAtATime(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if Path(module).name in ONE_WORKER else nodeid
+
+    config.option.loadscopereorder = False  # keep the collection order (not: largest unit first)
+    return OneAtATime(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Inductor's tests first, then the other tests marked slow and the modules of ONE_WORKER, then
+    the rest, each in collection order: no long test starts last and leaves the other worker idle at
+    the end of a `-n 2` run."""
+    def rank(item) -> int:
+        if item.path.name in FIRST:
+            return FIRST.index(item.path.name)
+        return 2 if item.get_closest_marker("slow") or item.path.name in ONE_WORKER else 3
+    items.sort(key=rank)
+
+
 def model_context(grid=(4, 4), num_prefix_tokens=0, dim=DIM, heads=HEADS) -> dict:
     """What a model tells every encoding it builds (each takes the names it needs)."""
     return dict(dim=dim, num_heads=heads, head_dim=dim // heads, grid=grid, num_prefix_tokens=num_prefix_tokens)

@@ -1,7 +1,13 @@
 """torch.compile of a ViT with every encoding (CPU; slow).
 
-Inductor (the real compiler) for one encoding of each family, ``aot_eager`` (dynamo capture plus
-AOT autograd, no code generation) for the others, forward and backward, against eager.
+``aot_eager`` (dynamo capture plus AOT autograd, no code generation) for every encoding, forward and
+backward, against eager: recompiles, graph breaks and symbolic sizes are dynamo's and AOT autograd's,
+so it checks them at a fraction of Inductor's time (Inductor's C++ kernels: 52 of them, about a
+minute, for one ViT at three sizes on a cold compile cache, 8 s warm). Inductor itself for two: a
+ViT with rope_mixed trained at three sizes (its learned angles and the patch embedding hit Inductor's
+own guards and stride assertions, issue 41), and relbias at one size (its custom operator runs as
+Inductor's fallback kernel, whose output strides Inductor asserts). The detector compiled with
+Inductor: tests/test_train_compile.py.
 """
 import pytest
 import torch
@@ -9,7 +15,7 @@ import torch
 import vispe
 from vispe.models.vit import create_vit
 
-INDUCTOR = ["learned_abs", "sine", "rope_mixed", "relbias", "peg"]
+INDUCTOR = ["relbias"]  # and rope_mixed at three sizes, below
 
 
 def _model(pe):
@@ -43,14 +49,22 @@ def _grads(m, out):
     return torch.autograd.grad(out.square().sum(), params)
 
 
+#: (encoding, dynamic): torch's default (None) recompiles once, at the second size, with symbolic
+#: sizes; dynamic=True is symbolic from the first. Only rope_mixed's default runs Inductor.
+THREE_SIZES = [("sine", None), ("sine", True), ("rope_axial", None), ("rope_axial", True), ("rope_mixed", None),
+               ("rope_mixed", True), ("relbias", True)]
+INDUCTOR_THREE_SIZES = ("rope_mixed", None)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("pe,dynamic", [("sine", None), ("sine", True), ("rope_axial", None), ("rope_axial", True),
-                                        ("rope_mixed", None), ("rope_mixed", True), ("relbias", True)])
-def test_inductor_compiled_vit_at_a_second_size_and_in_eval(pe, dynamic):
-    """torch.compile(vit) (Inductor) trains at three sizes (the default recompiles with symbolic sizes
-    at the second; dynamic=True is symbolic from the first; neither at the third), forward and every
+@pytest.mark.parametrize("pe, dynamic", THREE_SIZES, ids=[
+    f"{pe}-{'dynamic' if d else 'default'}{'-inductor' if (pe, d) == INDUCTOR_THREE_SIZES else ''}" for pe, d in THREE_SIZES])
+def test_compiled_vit_trains_at_three_sizes_and_evaluates(pe, dynamic):
+    """torch.compile(vit) trains at three sizes (the default recompiles with symbolic sizes at the
+    second; dynamic=True is symbolic from the first; neither at the third), forward and every
     parameter's gradient against eager; then (default options) evaluates under no_grad at the second
-    size and another batch. About 1-2 min each on a shared 2-core CPU.
+    size and another batch. Inductor for rope_mixed's default (8 s with a warm compile cache, 50-60 s
+    cold, on a shared 2-core CPU), aot_eager (the same graphs and guards, no code generation) for the rest.
 
     relbias trains through the relative-bias custom operator, and its table, resized while it trains,
     is resized outside the graph (graph breaks): with dynamic=True a constant number of frames at
@@ -62,7 +76,7 @@ def test_inductor_compiled_vit_at_a_second_size_and_in_eval(pe, dynamic):
     torch._dynamo.reset()
     counters.clear()
     m = _model(pe).train()
-    compiled = torch.compile(m, dynamic=dynamic)
+    compiled = torch.compile(m, dynamic=dynamic, backend="inductor" if (pe, dynamic) == INDUCTOR_THREE_SIZES else "aot_eager")
     graphs = []
     for size in SIZES:
         x = torch.randn(2, 3, *size)
@@ -74,8 +88,8 @@ def test_inductor_compiled_vit_at_a_second_size_and_in_eval(pe, dynamic):
     if pe == "relbias":  # graph breaks around the eager resize of the table: a constant count
         assert graphs == [graphs[0]] * 3 and not counters["recompiles"], graphs
     else:
-        assert graphs == ([1, 1, 1] if dynamic else [1, 2, 2]), graphs  # Inductor's guards: no recompile
-    if dynamic:  # the eval graph is another compile: once (below) is enough for the suite's time
+        assert graphs == ([1, 1, 1] if dynamic else [1, 2, 2]), graphs  # no recompile at the third size
+    if dynamic:  # the eval graph is another compile: once per encoding (below) is enough
         return
     m.eval()
     with torch.no_grad():

@@ -57,6 +57,7 @@ def _check_program(model, program):
 BLOCKS = ("liere", "comrope", "string", "lookhere")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pe", [n for n in vispe.available() if n not in BLOCKS])
 def test_onnx_export_of_every_encoding_runs_at_any_size(pe):
     warnings.filterwarnings("ignore")

@@ -119,6 +119,7 @@ def test_mark_refuses_bad_input(repo):
         freshness.mark("results/compare/data/missing.csv", "why", root=repo)
 
 
+@pytest.mark.slow
 def test_excluded_packages_are_not_imported_by_the_rest_of_vispe():
     """The conservative rule's exclusions hold: importing train.py and every other vispe module loads none of them."""
     mods = []
@@ -138,6 +139,7 @@ def test_excluded_packages_are_not_imported_by_the_rest_of_vispe():
 
 
 @needs_git
+@pytest.mark.slow
 def test_check_passes_on_this_repository():
     out = subprocess.run([sys.executable, str(ROOT / "results" / "compare" / "update.py"), "--check"],
                          cwd=ROOT, capture_output=True, text=True)

@@ -19,6 +19,7 @@ def tower():
     return convert_vit(pt.TOWERS["pixtral"].build("tiny")).eval()
 
 
+@pytest.mark.slow
 def test_onnx_export_runs_at_two_sizes(tower):
     pytest.importorskip("onnxruntime")
     from vispe.export import example_input, export_onnx, onnx_session, run_onnx

@@ -80,6 +80,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_two_process_ddp_trains_every_design_with_every_key_family(tmp_path):
     """One torchrun launch, two CPU processes (gloo), DDP without find_unused_parameters, train.py's main
     called once per design: two steps per process for the design with sine keys and its compare encodings
