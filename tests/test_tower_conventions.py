@@ -212,11 +212,13 @@ def qwen3_vl_reference_table(table: torch.Tensor, h: int, w: int, merge: int) ->
 @pytest.mark.parametrize("shape", [(4, 6), (8, 2), (2, 2)])  # shrinking, growing, mixed, one block
 def test_qwen3_vl_table_is_learned_abs_bilinear_align_corners(shape):
     h, w = shape
+    torch.manual_seed(0)  # the table's values must not depend on which tests ran before on this worker
     pe = build("learned_abs", dim=8, grid=(5, 5), interpolation="bilinear", align_corners=True, antialias=False)
     with torch.no_grad():
         pe.pos_embed.normal_()
     got = pe(shape)[0][merge_block_cells(h, w, 2)]  # (h*w, 8) raster -> merge-block order
-    torch.testing.assert_close(got, qwen3_vl_reference_table(pe.pos_embed[0].detach(), h, w, 2), rtol=0, atol=1e-6)
+    # float32 interpolation against a gather of weighted taps: another summation order (1e-5 relative)
+    torch.testing.assert_close(got, qwen3_vl_reference_table(pe.pos_embed[0].detach(), h, w, 2), rtol=1e-5, atol=1e-6)
     plain = build("learned_abs", dim=8, grid=(5, 5), interpolation="bilinear", antialias=False)
     plain.load_state_dict(pe.state_dict())
     assert not torch.allclose(plain(shape)[0][merge_block_cells(h, w, 2)], got, atol=1e-3)
