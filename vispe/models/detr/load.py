@@ -39,7 +39,6 @@ from pathlib import Path
 
 import torch
 
-from vispe.encoding import GRID_KEY
 from vispe.models.detr import load_deformable_detr as D, load_positioned as P
 from vispe.models.detr.load_positioned import check_timm_backbone as _check_timm_backbone
 from vispe.models.detr.model import DETR, create_detr
@@ -221,18 +220,8 @@ def load_detr(source, config=None, **overrides) -> DETR:
                          "dilation=True for a DC5 model), or load the transformers model itself")
     kwargs = {**_architecture(state, hints), **overrides}
     model = create_detr(**kwargs)
-    own = {k: v for k, v in model.state_dict().items() if not k.endswith("." + GRID_KEY)}  # grid records: optional
-    if kwargs.get("dec_layers") == 1 and not any(k.startswith("queries.query_scale.") for k in own):
+    if kwargs.get("dec_layers") == 1 and not any(k.startswith("queries.query_scale.") for k in model.state_dict()):
         # Conditional / DAB-DETR scale the query position from the second layer on: with one decoder layer
         # the source's query_scale never runs, and vispe does not build a module without a gradient
         state = {k: v for k, v in state.items() if not k.startswith("queries.query_scale.")}
-    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    if missing or unexpected:
-        raise ValueError(f"source ({fmt} format) does not fit vispe's DETR: missing {missing[:5]}"
-                         f"{' ...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
-    for k, v in state.items():
-        if v.shape != own[k].shape:
-            raise ValueError(f"source key {k!r} has shape {tuple(v.shape)}: the model built with {kwargs} expects "
-                             f"{tuple(own[k].shape)}")
-    model.load_state_dict(state)
-    return model
+    return P.load_fitting_state(model, state, f"source ({fmt} format) does not fit vispe's DETR", kwargs)

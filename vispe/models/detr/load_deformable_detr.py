@@ -25,7 +25,7 @@ import torch
 
 from vispe.models.detr.level_pos import DEFORMABLE_SINE
 from vispe.models.detr.load_deformable import deformable_format, deformable_keys
-from vispe.models.detr.load_positioned import args_dict, check_timm_backbone
+from vispe.models.detr.load_positioned import args_dict, check_timm_backbone, load_fitting_state
 from vispe.models.detr.model import create_detr
 
 _REST = {"transformers": [(r"^model\.query_position_embeddings\.", "query_embed."),
@@ -163,15 +163,5 @@ def load_deformable_detr(source, config=None, **overrides):
         raise ValueError("source is a two-stage Deformable DETR without its configuration: the number of proposals "
                          "(two_stage_num_proposals) cannot be read from the weights; pass num_queries=...")
     model = create_detr(**kwargs)
-    own = model.state_dict()
-    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    if missing or unexpected:
-        raise ValueError(f"source does not fit vispe's deformable detector: missing {missing[:5]}"
-                         f"{' ...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"
-                         f"{' ...' if len(unexpected) > 5 else ''}")
-    for k, v in state.items():
-        if v.shape != own[k].shape:
-            raise ValueError(f"source key {k!r} has shape {tuple(v.shape)}: the model built with {kwargs} expects "
-                             f"{tuple(own[k].shape)}")
-    model.load_state_dict(state)
-    return model
+    return load_fitting_state(model, state, "source does not fit vispe's deformable detector", kwargs,
+                              grid_records_optional=False)

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from vispe.encoding import GRID_KEY
+
 DESIGN_OF_MODEL_TYPE = {"conditional_detr": "conditional", "dab-detr": "dab"}
 
 _COMMON = [
@@ -196,3 +198,21 @@ def check_timm_backbone(c) -> str | None:
         raise ValueError("source uses transformers' own ResNet backbone (use_timm_backbone=False): expected the "
                          "timm backbone (the hub's DETR checkpoints use it); convert or rebuild with use_timm_backbone=True")
     return getattr(bb, "backbone", None) if bb is not None else getattr(c, "backbone", None)
+
+
+def load_fitting_state(model, state: dict, source: str, kwargs: dict, *, grid_records_optional: bool = True):
+    """Load ``state`` into ``model`` after checking that its keys and shapes are the model's own; ``source``
+    starts the error ("source ... does not fit ..."), ``kwargs`` are the builder's arguments it names;
+    ``grid_records_optional``: the encodings' grid records (``GRID_KEY``) may be absent from ``state``."""
+    own = {k: v for k, v in model.state_dict().items()
+           if not (grid_records_optional and k.endswith("." + GRID_KEY))}
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise ValueError(f"{source}: missing {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
+                         f"unexpected {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
+    for k, v in state.items():
+        if v.shape != own[k].shape:
+            raise ValueError(f"source key {k!r} has shape {tuple(v.shape)}: the model built with {kwargs} expects "
+                             f"{tuple(own[k].shape)}")
+    model.load_state_dict(state)
+    return model
