@@ -80,6 +80,22 @@ def train_step(model, x, y, *, bf16_autocast: bool = False):
     return step
 
 
+def cpu_alloc_peak(fn) -> int:
+    """Highest sum of allocations minus frees by torch's CPU allocator during ``fn()`` (the profiler's
+    memory events in order)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    cur = peak = 0
+    for e in events:
+        cur += e.nbytes()
+        peak = max(peak, cur)
+    return peak
+
+
 def positive_args(ap, args, *names: str) -> None:
     """Stop through ``ap.error`` unless every option ``--name`` of ``args`` is a positive integer."""
     for name in names:

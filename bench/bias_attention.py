@@ -35,8 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # this checkout's vispe, then bench/_common
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from _common import interleaved, machine, ms, ratio  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
+from _common import cpu_alloc_peak, interleaved, machine, ms, ratio  # noqa: E402
 
 from vispe.image.relbias import RelBias  # noqa: E402
 from vispe.kernels import _relative_blocks  # noqa: E402
@@ -54,15 +53,7 @@ def peak_bytes(fn, device: torch.device) -> int:
         fn()
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    cur = peak = 0
-    for e in events:
-        cur += e.nbytes()
-        peak = max(peak, cur)
-    return peak
+    return cpu_alloc_peak(fn)
 
 
 def main(argv=None) -> None:

@@ -44,7 +44,7 @@ if "--warm-cache" not in sys.argv and "TORCHINDUCTOR_CACHE_DIR" not in os.enviro
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import torch._dynamo.utils as dynamo_utils  # noqa: E402
-from _common import compare_ops, interleaved, machine, ms, positive_args, ratio, spread  # noqa: E402  (before torch)
+from _common import compare_ops, interleaved, machine, ms, positive_args, ratio, spread, train_step  # noqa: E402  (before torch)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,15 +92,6 @@ def vit_pair(pe: str, batch: int):
     x = torch.randn(batch, 3, 32, 32)
     y = torch.randint(0, 9, (batch,))
 
-    def stepper(model, params):
-        opt = torch.optim.AdamW(params, lr=1e-4)
-
-        def step():
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        return step
 
     def evaluate(size):
         def run():
@@ -110,12 +101,12 @@ def vit_pair(pe: str, batch: int):
             comp_model.train()
         return run
 
-    step_c = stepper(compiled, comp_model.parameters())
+    step_c = train_step(compiled, x, y)  # the compiled module trains comp_model's parameters
     cost = [("first step 32px", *phase(step_c)), ("second step 32px", *phase(step_c))]
     for size in (24, 48):
         cost.append((f"eval {size}px", *phase(evaluate(size))))
     cost.append(("step 32px again", *phase(step_c)))
-    return stepper(eager, eager.parameters()), step_c, cost
+    return train_step(eager, x, y), step_c, cost
 
 
 def pad_to(batch, size: tuple[int, int]):

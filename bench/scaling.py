@@ -57,7 +57,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path[:0] = [HERE, ROOT]  # this checkout's vispe, then bench/_common
 import torch  # noqa: E402
-from _common import interleaved, machine, ms, positive_args, ratio, spread  # noqa: E402
+from _common import cpu_alloc_peak, interleaved, machine, ms, positive_args, ratio, spread, train_step  # noqa: E402
 
 GRIDS = {64: (8, 8), 256: (8, 32), 1024: (32, 32), 4096: (64, 64)}
 TOKENS_PER_STEP = 4096
@@ -152,14 +152,7 @@ def runner(model: torch.nn.Module, mode: str, x: torch.Tensor, y: torch.Tensor):
                 model(x)
         return infer
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-    def step():
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    return step
+    return train_step(model, x, y)
 
 
 def inputs(tokens: int):
@@ -180,19 +173,6 @@ def _reset_peak() -> None:
         f.write("5")  # resets VmHWM to the current resident size (Linux >= 4.0)
 
 
-def alloc_peak(fn) -> int:
-    """Highest sum of allocations minus frees by torch's CPU allocator during ``fn()``."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    cur = peak = 0
-    for e in events:
-        cur += e.nbytes()
-        peak = max(peak, cur)
-    return peak
 
 
 def memory_worker(mode: str, tokens: list[int], rows: list[str]) -> None:
@@ -218,7 +198,7 @@ def memory_worker(mode: str, tokens: list[int], rows: list[str]) -> None:
                     fn()
                     value = _status("VmHWM") - base
                 else:
-                    value = alloc_peak(fn)
+                    value = cpu_alloc_peak(fn)
                 print(json.dumps({"mode": mode, "tokens": n, "row": row, measure: value}), flush=True)
                 del fn
     gc.collect()
