@@ -146,3 +146,39 @@ def test_encoding_parameters_skip_weight_decay():
     m = tiny("rope_mixed")
     nwd = m.no_weight_decay()
     assert any(".attn.pe." in n for n in nwd) and "cls_token" in nwd
+
+
+@pytest.fixture
+def uninitialised_memory_is_nan():
+    """torch.empty fills NaN while this runs, so that a parameter nobody initialised shows."""
+    import torch.utils.deterministic as det
+
+    before = torch.are_deterministic_algorithms_enabled(), det.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True)
+    det.fill_uninitialized_memory = True
+    yield
+    torch.use_deterministic_algorithms(before[0])
+    det.fill_uninitialized_memory = before[1]
+
+
+def test_weight_init_torch_keeps_pytorchs_modules_and_initialises_the_tokens(uninitialised_memory_is_nan):
+    """timm's weight_init='skip' leaves cls_token / reg_token as torch.empty memory (a relbias run
+    that NaN'd one try in two): vispe refuses it from scratch and offers 'torch' instead."""
+    with pytest.raises(ValueError, match="weight_init='skip'.*uninitialised memory.*'torch'"):
+        tiny("relbias", weight_init="skip")
+    with pytest.raises(ValueError, match="weight_init='skip'"):
+        create_vit("vit_tiny_patch16_224", pe="rope_axial", img_size=16, patch_size=4, weight_init="skip")
+    torch.manual_seed(0)
+    m = tiny("relbias", weight_init="torch", reg_tokens=2)
+    for name, p in m.named_parameters():
+        assert torch.isfinite(p).all(), name
+    assert 0 < m.cls_token.abs().max() < 1e-4 and 0 < m.reg_token.abs().max() < 1e-4  # timm's normal(1e-6)
+    qkv = m.blocks[0].attn.qkv
+    fan_in = qkv.weight.shape[1]
+    # PyTorch's nn.Linear default: uniform(+-1/sqrt(fan_in)) for weight and bias; timm's default: trunc-normal 0.02, zero bias
+    assert qkv.weight.abs().max() <= fan_in ** -0.5 and qkv.weight.std() > 0.05
+    assert qkv.bias.abs().max() > 0
+    timm_default = tiny("relbias")
+    assert timm_default.blocks[0].attn.qkv.bias.abs().max() == 0
+    timm_model = create_vit("vit_tiny_patch16_224", pe="rope_axial", img_size=16, patch_size=4, weight_init="torch")
+    assert torch.isfinite(timm_model.cls_token).all() and timm_model.blocks[0].attn.qkv.bias.abs().max() > 0

@@ -48,6 +48,7 @@ from vispe.attention import Attention, PosContext
 from vispe.models._timm_keys import TimmPosEmbedKeys
 from vispe.models._token_loop import TokenLoop
 from vispe.models._vit_inputs import check_images, embed_patches, masked_pool, patch_mask
+from vispe.models._weight_init import init_tokens, timm_weight_init
 from vispe.registry import build_in, get
 
 #: small ViTs for CIFAR-sized images, by name (timm names work too)
@@ -82,7 +83,10 @@ class VispeViT(TokenLoop, TimmPosEmbedKeys, VisionTransformer):
             if key in timm_kwargs and timm_kwargs[key] != want:
                 raise ValueError(f"{key}={timm_kwargs[key]!r}: vispe sets it to {want!r} (choose the encoding with pe=...)")
         timm_kwargs.update(pos_embed="none", dynamic_img_size=True, attn_layer=Attention, block_fn=VispeBlock)
+        timm_kwargs, tokens = timm_weight_init(timm_kwargs, loads_weights=False)  # "skip" refused, "torch" added
         super().__init__(**timm_kwargs)
+        if tokens:
+            init_tokens(self)
         self.setup_pe(pe, pe_kwargs or {}, pe_at=pe_at, peg_blocks=peg_blocks)
 
     def __prepare_scriptable__(self):  # torch.jit.script: a clear error, not a TorchScript type error

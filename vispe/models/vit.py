@@ -27,6 +27,7 @@ from torch import nn
 from vispe import _checks
 from vispe.attention import Attention
 from vispe.models._vit_model import PE_AT, PRESETS, VispeBlock, VispeViT  # noqa: F401  (re-exported)
+from vispe.models._weight_init import init_tokens, timm_weight_init
 from vispe.models.deit import VispeViTDistilled
 from vispe.models.dinov3 import convert_hf_dinov3
 from vispe.models.eva import VispeEva, convert_eva
@@ -90,7 +91,10 @@ def create_from_timm(name: str, *, pe: str | None = None, img_size: int | tuple[
             raise ValueError("checkpoint and pretrained_cfg_overlay both given: set the file once")
         pretrained = True
         kw["pretrained_cfg_overlay"] = dict(file=str(path))
+    kw, tokens = timm_weight_init(kw, loads_weights=pretrained)
     model = timm.create_model(name, pretrained=pretrained, **kw)
+    if tokens:
+        init_tokens(model)
     return convert_vit(model, pe, pe_kwargs=pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks, keep_abs_pos=keep_abs_pos)
 
 
@@ -110,7 +114,10 @@ def create_vit(name: str = "vit_cifar", *, pe: str | None = None, img_size: int 
     ``checkpoint`` (a timm state_dict); everything but the position encoding is kept when ``pe``
     differs from the checkpoint's (``create_from_timm``).
     ``timm_kwargs`` (embed_dim, depth, num_heads, class_token, reg_tokens, global_pool, ...)
-    override the preset and go to timm.
+    override the preset and go to timm; ``weight_init`` is timm's (``""``, ``"jax"``, ...), plus
+    ``"torch"``: PyTorch's module initialisation with the tokens initialised as timm does; timm's
+    ``"skip"`` leaves the tokens uninitialised and is refused unless weights are loaded
+    (``vispe.models._weight_init``).
     """
     if name not in PRESETS:
         return create_from_timm(name, pe=pe, img_size=img_size, patch_size=patch_size, num_classes=num_classes,
