@@ -26,7 +26,7 @@ def _model(pe):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("pe", [n for n in vispe.available() if n not in ("liere", "comrope", "string", "lookhere")])
-def test_compiled_vit_matches_eager(pe):  # issue 38's four: one model, tests/test_image_rotary_blocks.py
+def test_compiled_vit_matches_eager(pe):  # issue 38's four: one model, tests/test_image_rotary_blocks_vit.py
     torch._dynamo.reset()
     m = _model(pe).train(False)
     x = torch.randn(2, 3, 16, 16, requires_grad=True)

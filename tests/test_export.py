@@ -53,7 +53,7 @@ def _check_program(model, program):
 
 
 #: issue 38's encodings are exported together, one per layer of one model, in
-#: tests/test_image_rotary_blocks.py (separate exports of each cost ~60 s more)
+#: tests/test_image_rotary_blocks_vit.py (separate exports of each cost ~60 s more)
 BLOCKS = ("liere", "comrope", "string", "lookhere")
 
 

@@ -1,0 +1,86 @@
+"""Block-rotation encodings (issue 38) inside a whole ViT: float32 vs bfloat16 autocast, and
+``torch.compile`` and ONNX export of one model with a block encoding per layer (the encodings
+themselves against their references: test_image_rotary_blocks.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vispe.models.vit import create_vit
+
+
+@pytest.mark.parametrize("pe", ["liere", "comrope", "string", "lookhere"])
+def test_whole_vit_float32_and_bfloat16_autocast_agree(pe):
+    """Rotations and biases are computed in float32 under autocast (the contract); the model's
+    bf16 logits stay close to float32's."""
+    torch.manual_seed(0)
+    m = create_vit("vit_pico", pe=pe, embed_dim=32, depth=2, num_heads=2, img_size=(12, 16), patch_size=4,
+                   num_classes=5, class_token=True).eval()
+    x = torch.randn(2, 3, 12, 16)
+    with torch.no_grad():
+        ref = m(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = m(x)
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.float(), ref, rtol=0.05, atol=0.05)
+
+
+
+# --- compile and export: one model, one block encoding per layer ------------------------------------
+def _mixed_blocks_vit(depth=3):
+    from vispe.registry import build_in
+
+    torch.manual_seed(0)
+    m = create_vit("vit_pico", pe="liere", pe_kwargs=dict(block_size=4), embed_dim=16, depth=depth, num_heads=2,
+                   img_size=(16, 20), patch_size=4, num_classes=3, class_token=True, global_pool="avg")
+    ctx = dict(dim=16, num_heads=2, head_dim=8, grid=(4, 5))
+    encodings = [build_in("string", ctx, cayley_std=0.3),  # ComRoPE: the same kernel and exponential
+                 build_in("lookhere", dict(ctx, num_prefix_tokens=1), layer=2, depth=3)]
+    for blk, pe in zip(m.blocks[1:], encodings):
+        blk.attn.set_pe(pe)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if ".attn.pe." in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    return m
+
+
+@pytest.mark.slow
+def test_onnx_export_of_the_block_encodings_runs_at_any_size():
+    """LieRE (4 x 4 blocks: the exponential), STRING (Cayley: the matmul-only inverse) and LookHere in
+    one ViT, exported with dynamic batch, height and width, run at three sizes (as test_export.py,
+    which leaves these out: one export instead of three); ComRoPE uses the same exponential and kernel."""
+    import logging
+    import warnings
+
+    from vispe.export import export_onnx, onnx_session, run_onnx
+
+    warnings.filterwarnings("ignore")
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    m = _mixed_blocks_vit().eval()
+    program = export_onnx(m)
+    sess = onnx_session(program)
+    for i, size in enumerate([(16, 20), (24, 8), (8, 12)]):
+        x = torch.randn(3 if i % 2 else 2, 3, *size)
+        with torch.no_grad():
+            want = m(x)
+            torch.testing.assert_close(program.exported_program.module()(x), want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(run_onnx(sess, x), want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_compiled_block_encodings_train_at_two_sizes():
+    """torch.compile (aot_eager) of a LieRE layer (the exponential) and a LookHere layer, forward and
+    backward, at two sizes (test_compile.py leaves the four out)."""
+    torch._dynamo.reset()
+    m = _mixed_blocks_vit().train()
+    m.blocks[1].attn.set_pe(m.blocks[2].attn.pe)
+    m.blocks = m.blocks[:2]
+    compiled = torch.compile(m, backend="aot_eager")
+    for size in [(16, 20), (24, 8)]:
+        x = torch.randn(2, 3, *size, requires_grad=True)
+        out = compiled(x)
+        torch.testing.assert_close(out, m(x), rtol=1e-4, atol=1e-4)
+        g_c, = torch.autograd.grad(out.square().sum(), x)
+        g_e, = torch.autograd.grad(m(x).square().sum(), x)
+        torch.testing.assert_close(g_c, g_e, rtol=1e-3, atol=1e-4)
