@@ -58,6 +58,7 @@ ROOT = os.path.dirname(HERE)
 sys.path[:0] = [HERE, ROOT]  # this checkout's vispe, then bench/_common
 import torch  # noqa: E402
 from _common import cpu_alloc_peak, interleaved, machine, ms, positive_args, ratio, spread, train_step  # noqa: E402
+from _scaling_plot import plot  # noqa: E402
 
 GRIDS = {64: (8, 8), 256: (8, 32), 1024: (32, 32), 4096: (64, 64)}
 TOKENS_PER_STEP = 4096
@@ -287,55 +288,6 @@ def report(res: dict, encs: list[str], tokens: list[int], modes: list[str], with
                   f"{verdict(c['rss'], TARGET_BIAS_MEMORY)}")
 
 
-def plot(res: dict, encs: list[str], tokens: list[int], modes: list[str], path: str, title: str,
-         clock: str = "wall") -> None:
-    import matplotlib
-    import matplotlib.ticker
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = [(mode, kind) for kind in ("time", "memory") for mode in modes if res[kind].get(mode)]
-    cols = min(2, len(panels))
-    nrows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(6.5 * cols, 5.0 * nrows), squeeze=False)
-    styles = {"additive": "-", "rotary": "--", "bias": "-.", "conditional": ":"}
-    cmap = plt.get_cmap("tab20")
-    colour = lambda i: cmap((2 * i) % 20 + (2 * i) // 20)  # noqa: E731  (dark hues first, then light)
-    for ax, (mode, kind) in zip(axes.flat, panels):
-        data = res[kind][mode]
-        key = clock if kind == "time" else "rss"
-        for i, pe in enumerate(encs):
-            for lib in ("vispe", "timm"):
-                pts = [(n, data[str(n)][f"{lib} {pe}"][key]) for n in tokens
-                       if f"{lib} {pe}" in data.get(str(n), {})]
-                if not pts:
-                    continue
-                xs, ys = zip(*pts)
-                if lib == "vispe":
-                    ax.plot(xs, ys, styles.get(family(pe), "-"), marker="o", ms=3, color=colour(i), label=pe)
-                else:
-                    ax.plot(xs, ys, ":", marker="x", ms=4, color=colour(i), alpha=0.6, label=f"timm {TIMM[pe]}")
-        ax.axhline(1.0, color="k", lw=0.6)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")  # timm's dense biases reach 10-18x: a log axis keeps the lines near 1 apart
-        lo, hi = ax.get_ylim()
-        ticks = [t for t in (0.5, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.5, 2, 3, 5, 10, 20) if lo <= t <= hi]
-        ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.set_xticks(tokens, [str(n) for n in tokens])
-        ax.set_xlabel("tokens (grid tokens, + 1 class token)")
-        ax.set_ylabel(f"{f'step time ({clock})' if kind == 'time' else 'peak resident memory'} / vispe none (log)")
-        ax.set_title(f"{mode}: {kind}")
-        ax.grid(alpha=0.3)
-    for ax in axes.flat[len(panels):]:
-        ax.axis("off")
-    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 def commit() -> str:
     def git(*a):
         return subprocess.run(["git", "-C", ROOT, *a], capture_output=True, text=True).stdout.strip()
@@ -384,7 +336,7 @@ def main(argv=None) -> None:
         print(f"# {res['machine']}\n# command: {res['command']}")
         report(res, encs, tokens, modes, any(r.startswith("timm ") for c in res["time"].values() for r in next(iter(c.values()))))
         if args.plot:
-            plot(res, encs, tokens, modes, args.plot, title, args.plot_clock)
+            plot(res, encs, tokens, modes, args.plot, title, family=family, timm_names=TIMM, clock=args.plot_clock)
         return
     all_encs = encodings()
     encs = args.encodings or all_encs
@@ -432,7 +384,7 @@ def main(argv=None) -> None:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
     if args.plot:
-        plot(res, encs, args.tokens, args.modes, args.plot, title, args.plot_clock)
+        plot(res, encs, args.tokens, args.modes, args.plot, title, family=family, timm_names=TIMM, clock=args.plot_clock)
 
 
 if __name__ == "__main__":
