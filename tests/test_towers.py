@@ -146,6 +146,10 @@ def test_refusals(originals):
     bent.rotary_pos_emb.inv_freq.mul_(1.5)
     with pytest.raises(ValueError, match="rotary_pos_emb.inv_freq is not theta"):
         convert_vit(bent)
+    bent = copy.deepcopy(p)
+    bent.patch_positional_embedding.inv_freq.copy_(bent.patch_positional_embedding.inv_freq.flip(0))
+    with pytest.raises(ValueError, match="patch_positional_embedding.inv_freq is not Pixtral's even/odd split"):
+        convert_vit(bent)
     with pytest.raises(ValueError, match=r"image_sizes\[1\]=\[40, 8\]: expected at least one patch"):
         convert_vit(p)(torch.randn(2, 3, 24, 24), torch.tensor([[24, 24], [40, 8]]))
     with pytest.raises(ValueError, match="attention_mask is given: Llama4VisionModel ignores it"):

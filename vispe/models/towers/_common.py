@@ -31,6 +31,19 @@ from vispe.registry import build_in, get
 PE_AT = ("input", "every_block")
 
 
+def check_inv_freq(rope: nn.Module, name: str, want: torch.Tensor, head_dim: int, what: str) -> None:
+    """Refuse a transformers rotary module whose ``inv_freq`` is not ``want`` (``what`` says whose
+    table that is), whose ``attention_scaling`` is not 1, or whose ``head_dim`` is not a multiple
+    of 4 (2D RoPE splits the pairs between y and x): ``rope_axial`` would not reproduce it."""
+    got = rope.inv_freq.detach().float().cpu()
+    if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-6, atol=0):
+        raise ValueError(f"{name}.inv_freq is not {what}: rope_axial reproduces that table only")
+    if float(getattr(rope, "attention_scaling", 1.0)) != 1.0:
+        raise ValueError(f"{name}.attention_scaling={rope.attention_scaling}: expected 1 (cos/sin unscaled)")
+    if head_dim % 4:
+        raise ValueError(f"head_dim={head_dim}: expected a multiple of 4 (2D RoPE splits the pairs between h and w)")
+
+
 class TowerBlock(nn.Module):
     """Pre-norm residual block: ``x + attn(norm1(x))``, then ``x + mlp(norm2(x))``; the original's
     norms and MLP (copied modules), vispe's ``Attention``."""

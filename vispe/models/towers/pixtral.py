@@ -27,7 +27,7 @@ from torch import nn
 
 from vispe.attention import PosContext
 from vispe.models.towers import register_tower
-from vispe.models.towers._common import Tower, TowerBlock, model_output, output_flags, vispe_attention
+from vispe.models.towers._common import Tower, TowerBlock, check_inv_freq, model_output, output_flags, vispe_attention
 
 
 class PatchConv(nn.Module):
@@ -121,14 +121,8 @@ def _check_rotary(model) -> None:
     theta = float(cfg.rope_parameters["rope_theta"])
     full = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (head_dim/2,)
     want = torch.cat([full[0::2], full[1::2]])
-    got = rope.inv_freq.detach().float().cpu()
-    if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-6, atol=0):
-        raise ValueError(f"patch_positional_embedding.inv_freq is not Pixtral's even/odd split of theta^(-2k/head_dim) "
-                         f"with rope_theta={theta:g}, head_dim={head_dim}: rope_axial reproduces that one only")
-    if float(getattr(rope, "attention_scaling", 1.0)) != 1.0:
-        raise ValueError(f"patch_positional_embedding.attention_scaling={rope.attention_scaling}: expected 1")
-    if head_dim % 4:
-        raise ValueError(f"head_dim={head_dim}: expected a multiple of 4 (2D RoPE splits the pairs between h and w)")
+    check_inv_freq(rope, "patch_positional_embedding", want, head_dim,
+                   f"Pixtral's even/odd split of theta^(-2k/head_dim) with rope_theta={theta:g}, head_dim={head_dim}")
 
 
 @register_tower("transformers", "PixtralVisionModel")

@@ -49,6 +49,7 @@ from vispe.models.towers import register_tower
 from vispe.models.towers._common import (
     Tower,
     TowerBlock,
+    check_inv_freq,
     from_canvas,
     fused_attention,
     model_output,
@@ -216,14 +217,8 @@ def _check_rotary(model) -> None:
     head_dim = getattr(cfg, "head_dim", None) or model.blocks[0].attn.head_dim
     theta = float(cfg.rope_parameters["rope_theta"])
     want = theta ** (-torch.arange(0, head_dim // 2, 2, dtype=torch.float32) / (head_dim // 2))  # (head_dim/4,)
-    got = rope.inv_freq.detach().float().cpu()
-    if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-6, atol=0):
-        raise ValueError(f"rotary_pos_emb.inv_freq is not theta^(-4j/head_dim) with rope_theta={theta:g} and "
-                         f"head_dim={head_dim}: rope_axial reproduces the config's axial RoPE only")
-    if float(getattr(rope, "attention_scaling", 1.0)) != 1.0:
-        raise ValueError(f"rotary_pos_emb.attention_scaling={rope.attention_scaling}: expected 1 (cos/sin unscaled)")
-    if head_dim % 4:
-        raise ValueError(f"head_dim={head_dim}: expected a multiple of 4 (2D RoPE splits the pairs between h and w)")
+    check_inv_freq(rope, "rotary_pos_emb", want, head_dim,
+                   f"theta^(-4j/head_dim) with rope_theta={theta:g} and head_dim={head_dim} (the config's axial RoPE)")
 
 
 @register_tower("transformers", "Qwen2VisionTransformerPretrainedModel")
