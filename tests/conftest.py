@@ -85,6 +85,21 @@ def attend(pe, x: torch.Tensor, shape, mask=None, num_prefix_tokens: int = 0) ->
     return attn(x, ctx=PosContext(tuple(shape), P, mask))
 
 
+def padded_bias_case(name: str, kw: dict, P: int = 1, shape=(3, 4), dim: int = 16, heads: int = 2):
+    """A bias encoding ``name`` with every parameter moved off its initial value (prefix scalars and
+    iRPE's tables start at zero), two images of ``P`` prefix and h*w tokens, and the context whose
+    second image pads its last column.  -> (pe, x (2, P+h*w, dim), ctx)"""
+    torch.manual_seed(0)
+    h, w = shape
+    pe = build_in(name, model_context(grid=(h, w), num_prefix_tokens=P, dim=dim, heads=heads), **kw)
+    with torch.no_grad():
+        for p in pe.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    mask = torch.zeros(2, h, w, dtype=torch.bool)
+    mask[1, :, w - 1] = True
+    return pe, torch.randn(2, P + h * w, dim), PosContext((h, w), P, mask)
+
+
 @pytest.fixture(params=vispe.available())
 def encoding_name(request):
     return request.param

@@ -3,7 +3,8 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from vispe.attention import Attention, PosContext
+from conftest import padded_bias_case
+from vispe.attention import Attention
 from vispe.kernels import set_impl
 from vispe.kernels.bias_attention import attend, pick_impl
 from vispe.models.vit import create_vit
@@ -62,16 +63,7 @@ def _attention_grads(pe, impl, x, ctx):
 
 @pytest.mark.parametrize("name,kw", [("relbias", {}), ("irpe", {"contextual": True}), ("log_cpb", {})])
 def test_attention_chunked_equals_reference_with_prefix_tokens_and_padding(name, kw):
-    torch.manual_seed(0)
-    P, (h, w), C, H = 1, (3, 4), 16, 2
-    pe = build_in(name, dict(dim=C, num_heads=H, head_dim=C // H, grid=(h, w), num_prefix_tokens=P), **kw)
-    with torch.no_grad():  # prefix scalars start at zero: make them matter
-        for p in pe.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    mask = torch.zeros(2, h, w, dtype=torch.bool)
-    mask[1, :, 3] = True
-    ctx = PosContext((h, w), P, mask)
-    x = torch.randn(2, P + h * w, C)
+    pe, x, ctx = padded_bias_case(name, kw)
     ref = _attention_grads(pe, "reference", x, ctx)
     got = _attention_grads(pe, "chunked", x, ctx)
     torch.testing.assert_close(got[0], ref[0], **TOL)

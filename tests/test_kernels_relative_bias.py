@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from vispe.attention import Attention, PosContext
+from conftest import padded_bias_case
+from vispe.attention import Attention
 from vispe.image._bias import gather_bias
 from vispe.image.relbias import relative_position_index
 from vispe.kernels._relative_blocks import _row_blocks
@@ -105,16 +106,7 @@ def _attention(pe, impl, x, ctx, grad=True):
 def test_attention_auto_equals_reference_for_every_relative_encoding(name, kw):
     """The default path (the relative kernel) against the dense bias in SDPA: output, input and every
     parameter's gradient (prefix scalars included), with a padding mask; and without gradients."""
-    torch.manual_seed(0)
-    P, (h, w), C, H = 1, (3, 4), 16, 2
-    pe = build_in(name, dict(dim=C, num_heads=H, head_dim=C // H, grid=(h, w), num_prefix_tokens=P), **kw)
-    with torch.no_grad():  # prefix scalars and iRPE's tables start at zero: make them matter
-        for p in pe.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    mask = torch.zeros(2, h, w, dtype=torch.bool)
-    mask[1, :, 3] = True
-    ctx = PosContext((h, w), P, mask)
-    x = torch.randn(2, P + h * w, C)
+    pe, x, ctx = padded_bias_case(name, kw)
     want = _attention(pe, "reference", x, ctx)
     for impl in ("auto", "chunked"):  # this small grid: the dense bias; the relative kernel
         got = _attention(pe, impl, x, ctx)
