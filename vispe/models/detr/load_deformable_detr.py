@@ -163,5 +163,4 @@ def load_deformable_detr(source, config=None, **overrides):
         raise ValueError("source is a two-stage Deformable DETR without its configuration: the number of proposals "
                          "(two_stage_num_proposals) cannot be read from the weights; pass num_queries=...")
     model = create_detr(**kwargs)
-    return load_fitting_state(model, state, "source does not fit vispe's deformable detector", kwargs,
-                              grid_records_optional=False)
+    return load_fitting_state(model, state, "source does not fit vispe's deformable detector", kwargs)

@@ -200,12 +200,12 @@ def check_timm_backbone(c) -> str | None:
     return getattr(bb, "backbone", None) if bb is not None else getattr(c, "backbone", None)
 
 
-def load_fitting_state(model, state: dict, source: str, kwargs: dict, *, grid_records_optional: bool = True):
+def load_fitting_state(model, state: dict, source: str, kwargs: dict):
     """Load ``state`` into ``model`` after checking that its keys and shapes are the model's own; ``source``
-    starts the error ("source ... does not fit ..."), ``kwargs`` are the builder's arguments it names;
-    ``grid_records_optional``: the encodings' grid records (``GRID_KEY``) may be absent from ``state``."""
-    own = {k: v for k, v in model.state_dict().items()
-           if not (grid_records_optional and k.endswith("." + GRID_KEY))}
+    starts the error ("source ... does not fit ..."), ``kwargs`` are the builder's arguments it names.
+    The encodings' grid records (``GRID_KEY``) may be absent (no source outside vispe has them; each
+    encoding's load hook then infers the grid from its table)."""
+    own = {k: v for k, v in model.state_dict().items() if not k.endswith("." + GRID_KEY)}
     missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     if missing or unexpected:
         raise ValueError(f"{source}: missing {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
