@@ -38,7 +38,7 @@ import spread  # noqa: E402  (beside this file: the seeds' and machines' spread,
 SWEEPS = TASKS + ("shapes_detr", "shapes_detr_queries", "shapes_detr_init", "shapes_deformable_detr", "relbias_init_vit",
                   "relbias_init_torch")
 INITS = (("relbias_init_vit", "ViT / timm default (`weight_init=''`: trunc-normal 0.02, zero biases)"),
-         ("relbias_init_torch", "PyTorch default (`model.kwargs.weight_init=skip`: Kaiming-uniform, std ~0.07, non-zero biases)"))
+         ("relbias_init_torch", "PyTorch default (`model.kwargs.weight_init=torch`: Kaiming-uniform, std ~0.07, non-zero biases)"))
 CHANCE = {"digits_cell": 1 / 9, "digits_relative": 1 / 4, "digits_content_position": 1 / 20, "digits_class": 1 / 10}
 
 
