@@ -21,6 +21,8 @@ whose original adds a learned table next to its RoPE (Llama 4, Qwen3-VL) holds i
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -51,6 +53,12 @@ class TowerBlock(nn.Module):
     def __init__(self, norm1: nn.Module, attn: Attention, norm2: nn.Module, mlp: nn.Module) -> None:
         super().__init__()
         self.norm1, self.attn, self.norm2, self.mlp = norm1, attn, norm2, mlp
+
+    @classmethod
+    def copy_of(cls, norm1: nn.Module, attn: Attention, norm2: nn.Module, mlp: nn.Module) -> TowerBlock:
+        """A block of copies of the original's norms and MLP around ``attn`` (vispe's, already built
+        from the original's projections by ``vispe_attention`` or ``fused_attention``)."""
+        return cls(copy.deepcopy(norm1), attn, copy.deepcopy(norm2), copy.deepcopy(mlp))
 
     def forward(self, x: torch.Tensor, ctx: PosContext, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         x = x + self.attn(self.norm1(x), attn_mask=attn_mask, ctx=ctx)  # (B, L, C)

@@ -62,10 +62,10 @@ class Llama4Tower(Tower):
         self.vision_adapter = copy.deepcopy(original.vision_adapter)
         heads = int(cfg.num_attention_heads)
         self.blocks = nn.ModuleList(
-            TowerBlock(copy.deepcopy(b.input_layernorm),
-                       vispe_attention(heads, b.self_attn.q_proj, b.self_attn.k_proj, b.self_attn.v_proj,
-                                       b.self_attn.o_proj),
-                       copy.deepcopy(b.post_attention_layernorm), copy.deepcopy(b.mlp))
+            TowerBlock.copy_of(b.input_layernorm,
+                               vispe_attention(heads, b.self_attn.q_proj, b.self_attn.k_proj, b.self_attn.v_proj,
+                                               b.self_attn.o_proj),
+                               b.post_attention_layernorm, b.mlp)
             for b in original.model.layers)
         table = original.positional_embedding_vlm.detach()  # (g*g + 1, C): grid rows, class row last
         self.abs_pe = LearnedAbsEncoding(table.shape[-1], grid=self.pe_grid, num_prefix_tokens=1)

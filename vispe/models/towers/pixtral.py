@@ -57,10 +57,10 @@ class PixtralTower(Tower):
         self.ln_pre = copy.deepcopy(original.ln_pre)
         heads = int(cfg.num_attention_heads)
         self.blocks = nn.ModuleList(
-            TowerBlock(copy.deepcopy(b.attention_norm),
-                       vispe_attention(heads, b.attention.q_proj, b.attention.k_proj, b.attention.v_proj,
-                                       b.attention.o_proj),
-                       copy.deepcopy(b.ffn_norm), copy.deepcopy(b.feed_forward))
+            TowerBlock.copy_of(b.attention_norm,
+                               vispe_attention(heads, b.attention.q_proj, b.attention.k_proj, b.attention.v_proj,
+                                               b.attention.o_proj),
+                               b.ffn_norm, b.feed_forward)
             for b in original.transformer.layers)
         self.theta = float(cfg.rope_parameters["rope_theta"])
         self.train(original.training)

@@ -103,8 +103,8 @@ class QwenVisionTower(Tower):
         self.spatial_merge_size = int(cfg.spatial_merge_size)
         self.patch_embed = copy.deepcopy(original.patch_embed)
         self.blocks = nn.ModuleList(
-            TowerBlock(copy.deepcopy(b.norm1), fused_attention(b.attn.num_heads, b.attn.qkv, b.attn.proj),
-                       copy.deepcopy(b.norm2), copy.deepcopy(b.mlp)) for b in original.blocks)
+            TowerBlock.copy_of(b.norm1, fused_attention(b.attn.num_heads, b.attn.qkv, b.attn.proj), b.norm2, b.mlp)
+            for b in original.blocks)
         self.merger = copy.deepcopy(original.merger)
         self.theta = float(cfg.rope_parameters["rope_theta"])
         if self.deepstack:

@@ -63,8 +63,7 @@ def siglip_blocks(layers) -> nn.ModuleList:
         a = layer.self_attn
         attn = vispe_attention(a.num_heads, a.q_proj, a.k_proj, a.v_proj, a.out_proj)
         attn.attn_drop.p = float(a.dropout)
-        blocks.append(TowerBlock(copy.deepcopy(layer.layer_norm1), attn, copy.deepcopy(layer.layer_norm2),
-                                 copy.deepcopy(layer.mlp)))
+        blocks.append(TowerBlock.copy_of(layer.layer_norm1, attn, layer.layer_norm2, layer.mlp))
     return blocks
 
 
