@@ -180,5 +180,8 @@ def test_weight_init_torch_keeps_pytorchs_modules_and_initialises_the_tokens(uni
     assert qkv.bias.abs().max() > 0
     timm_default = tiny("relbias")
     assert timm_default.blocks[0].attn.qkv.bias.abs().max() == 0
-    timm_model = create_vit("vit_tiny_patch16_224", pe="rope_axial", img_size=16, patch_size=4, weight_init="torch")
-    assert torch.isfinite(timm_model.cls_token).all() and timm_model.blocks[0].attn.qkv.bias.abs().max() > 0
+    for name in ("vit_tiny_patch16_224", "deit_tiny_distilled_patch16_224"):  # timm names: tokens of each kind
+        timm_model = create_vit(name, pe="rope_axial", img_size=16, patch_size=4, weight_init="torch")
+        for n, p in timm_model.named_parameters():
+            assert torch.isfinite(p).all(), (name, n)
+        assert timm_model.blocks[0].attn.qkv.bias.abs().max() > 0

@@ -9,8 +9,8 @@ means "skip" for weights loaded afterwards. So vispe:
   ``pretrained`` / ``checkpoint``), naming the tokens it would leave unset;
 - adds ``"torch"``: the modules keep PyTorch's own initialisation (what timm's "skip" leaves:
   Kaiming-uniform weights and non-zero biases in ``nn.Linear``), and the tokens get timm's (absolute
-  table trunc-normal 0.02, class and register tokens normal 1e-6), which is what "PyTorch's default
-  initialisation" means for a ViT.
+  table and DeiT's distillation token trunc-normal 0.02, class and register tokens normal 1e-6),
+  which is what "PyTorch's default initialisation" means for a ViT.
 
 Every other value goes to timm unchanged.
 """
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-TOKENS = ("pos_embed", "cls_token", "reg_token")  # what timm's init_weights fills itself
+TOKENS = ("pos_embed", "cls_token", "reg_token", "dist_token")  # what timm's init_weights fills itself
 
 
 def timm_weight_init(kwargs: dict[str, Any], *, loads_weights: bool) -> tuple[dict[str, Any], bool]:
@@ -41,9 +41,10 @@ def timm_weight_init(kwargs: dict[str, Any], *, loads_weights: bool) -> tuple[di
 @torch.no_grad()
 def init_tokens(model: nn.Module) -> nn.Module:
     """timm's initialisation of the tokens only; the modules keep theirs."""
-    table = getattr(model, "pos_embed", None)
-    if isinstance(table, nn.Parameter):
-        nn.init.trunc_normal_(table, std=0.02)
+    for name in ("pos_embed", "dist_token"):  # DeiT's distillation token as its absolute table
+        table = getattr(model, name, None)
+        if isinstance(table, nn.Parameter):
+            nn.init.trunc_normal_(table, std=0.02)
     for name in ("cls_token", "reg_token"):
         token = getattr(model, name, None)
         if isinstance(token, nn.Parameter):
