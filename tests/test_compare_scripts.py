@@ -105,7 +105,7 @@ def test_deformable_script_asks_for_the_rows_its_table_names(tmp_path):
 
     points = recorded_points("run_detr_deformable.sh", tmp_path)
     names = {n for n, _ in points}
-    assert len(points) == 16 and {n.rsplit("_seed", 1)[0] for n in names} == {r for _, r, _ in update.DEFORMABLE_ROWS}
+    assert len(points) == 24 and {n.rsplit("_seed", 1)[0] for n in names} == {r for _, r, _ in update.DEFORMABLE_ROWS}
     if (HERE / "data" / "shapes_deformable_detr.csv").is_file():
         assert csv_runs("shapes_deformable_detr.csv") <= names
     for name, cfg in points:

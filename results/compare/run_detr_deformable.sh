@@ -2,8 +2,8 @@
 # Issue 36 on the embedded shapes set at DETR Table 3's budget (configs/shapes_deformable_detr.yaml:
 # multi-scale Deformable DETR, 4 levels from the single-scale rows' own small CNN, 16 epochs): Deformable
 # DETR plain, with box refinement, two-stage, and DAB's anchors on the deformable decoder (DINO's query
-# formulation), 3 seeds each; then the same four without the level embedding (detr.level_pe=none), one
-# seed. Each group of four runs (a seed of the four rows; the four rows without the level embedding)
+# formulation), 3 seeds each; then the same four without the level embedding (detr.level_pe=none),
+# 3 seeds. Each group of four runs (a seed of the four rows, with or without the level embedding)
 # holds the shared lock once (LOCK, default /work/heavy.lock; one run at a time, two threads per run);
 # finished points are skipped, seed 0 of every row first, so that a partial run still has every row.
 #
@@ -25,5 +25,5 @@ fi
 locked() { if [ -e "$LOCK" ]; then flock "$LOCK" "$@"; else "$@"; fi; }
 mkdir -p "$(dirname "$OUT")"
 for seed in 0 1 2; do locked bash "$0" --group "$seed"; done
-locked bash "$0" --group 0 --vary detr.level_pe=none
+for seed in 0 1 2; do locked bash "$0" --group "$seed" --vary detr.level_pe=none; done
 echo "deformable sweep done: $OUT"
