@@ -34,7 +34,7 @@ EXCLUDED = ("vispe/analysis", "vispe/probes", "vispe/report.py", "vispe/export.p
 #: CSV name -> the config its runs use, where the names differ: DETR Table 3's 16-epoch recipe moved from
 #: configs/shapes_detr.yaml (now a five-minute default) to configs/shapes_detr_table3.yaml (issue 39)
 CONFIG_OF = {"shapes_detr": "shapes_detr_table3", "shapes_detr_queries": "shapes_detr_table3",
-             "shapes_detr_init": "shapes_detr_table3"}
+             "shapes_detr_init": "shapes_detr_table3", "shapes_detr_init_1thread": "shapes_detr_table3"}
 
 
 @dataclass

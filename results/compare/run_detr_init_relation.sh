@@ -9,7 +9,8 @@
 # has every row.
 #
 #   bash results/compare/run_detr_init_relation.sh          # from the repository root
-#   python -m vispe.report runs/sweeps/shapes_detr_init && python results/compare/update.py
+#   python -m vispe.report runs/sweeps/shapes_detr_init && python -m vispe.report runs/sweeps/shapes_detr_init_1thread
+#   python results/compare/update.py
 set -u
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
@@ -27,4 +28,10 @@ mkdir -p "$(dirname "$OUT")"
 for seed in 0 1 2; do
   if [ -e "$LOCK" ]; then flock "$LOCK" bash -c "seed_rows $seed"; else seed_rows "$seed"; fi
 done
+# the papers' initialisation at one thread, beside Table 3's BoxRPB row (vispe's previous initialisation,
+# one thread: run_detr_table3.sh); a run's numbers depend on the thread count (same_numbers.md)
+one_thread() { $PY -m vispe.sweep --config configs/shapes_detr_table3.yaml --out "${OUT}_1thread" --threads 1 --pe sine \
+                 --vary detr.init=papers --seeds 0,1,2; }
+export -f one_thread
+if [ -e "$LOCK" ]; then flock "$LOCK" bash -c one_thread; else one_thread; fi
 echo "initialisation and relation sweep done: $OUT"

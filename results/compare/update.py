@@ -35,7 +35,8 @@ from tables_padding import leakage_table1, leakage_table4, redgreen_table  # noq
 import constant_offset  # noqa: E402  (beside this file: the constant-offset measurement, seconds)
 import spread  # noqa: E402  (beside this file: the seeds' and machines' spread, reproducibility.md)
 
-SWEEPS = TASKS + ("shapes_detr", "shapes_detr_queries", "shapes_detr_init", "shapes_deformable_detr", "relbias_init_vit",
+SWEEPS = TASKS + ("shapes_detr", "shapes_detr_queries", "shapes_detr_init", "shapes_detr_init_1thread",
+                  "shapes_deformable_detr", "relbias_init_vit",
                   "relbias_init_torch")
 INITS = (("relbias_init_vit", "ViT / timm default (`weight_init=''`: trunc-normal 0.02, zero biases)"),
          ("relbias_init_torch", "PyTorch default (`model.kwargs.weight_init=torch`: Kaiming-uniform, std ~0.07, non-zero biases)"))
@@ -167,31 +168,43 @@ def queries_table() -> str:
     return "\n".join(lines)
 
 
-INIT_ROWS = [  # (row, group label in shapes_detr_init's report): configs/shapes_detr_table3.yaml's DAB-DETR + BoxRPB
-    ("DAB-DETR + BoxRPB, the papers' initialisation (`detr.init=papers`, the default)", "sine [init=papers]"),
-    ("DAB-DETR + BoxRPB, vispe's before issue 35 (`detr.init=legacy`)", "sine [init=legacy]"),
-    ("DAB-DETR + BoxRPB + Relation-DETR's relation (`detr.query_relation=relation`, papers' init)",
+INIT_ROWS = [  # (row, CSV, group label in its report): configs/shapes_detr_table3.yaml's DAB-DETR + BoxRPB
+    ("DAB-DETR + BoxRPB, the papers' initialisation (`detr.init=papers`, the default)", "shapes_detr_init",
+     "sine [init=papers]"),
+    ("DAB-DETR + BoxRPB, vispe's before issue 35 (`detr.init=legacy`)", "shapes_detr_init", "sine [init=legacy]"),
+    ("DAB-DETR + BoxRPB + Relation-DETR's relation (`detr.query_relation=relation`, papers' init)", "shapes_detr_init",
      "sine [query_relation=relation]"),
+    ("DAB-DETR + BoxRPB, the papers' initialisation", "shapes_detr_init_1thread", "sine [init=papers]"),
+    ("DAB-DETR + BoxRPB, vispe's before issue 35 (Table 3's row above; `41af1fa` repeats its seed 0 bit for bit)",
+     "shapes_detr_queries", "sine [decoder=dab, temperature=20.0, box_bias=boxrpb]"),
 ]
 
 
+def _threads(runs: pd.DataFrame) -> str:
+    """The torch threads the runs trained with, read from their device column ("..., 2 torch threads")."""
+    found = sorted({m.group(1) for d in runs.get("device", pd.Series(dtype=str)).dropna()
+                    if (m := re.search(r"(\d+) torch thread", str(d)))})
+    return ", ".join(found) or "-"
+
+
 def init_relation_table() -> str:
-    """Issue 35's rows: AP at the training size (mean +- std, and each seed), at 0.75x and 1.5x."""
-    df = load("shapes_detr_init")
-    lines = ["| design (configs/shapes_detr_table3.yaml, 16 epochs) | AP | AP50 | AP per seed (0, 1, 2) | AP at 0.75x / 1.5x "
-             "| seeds | commit |", "|---|---|---|---|---|---|---|"]
-    fin = None if df is None else report.add_group(df[df["status"] == "finished"])
-    for row, group in INIT_ROWS:
-        g = None if fin is None else fin[fin["group"].map(_key) == _key(group)]
+    """Issue 35's rows: AP at the training size (mean +- std, and each seed), at 0.75x and 1.5x, and the
+    torch threads of the runs (a run's numbers depend on them: another reduction order)."""
+    lines = ["| design (configs/shapes_detr_table3.yaml, 16 epochs) | threads | AP | AP50 | AP per seed (0, 1, 2) "
+             "| AP at 0.75x / 1.5x | seeds | commit |", "|---|---|---|---|---|---|---|---|"]
+    for row, csv, group in INIT_ROWS:
+        df = load(csv)
+        fin = None if df is None else report.add_group(df[df["status"] == "finished"])
+        g = None if fin is None or fin.empty else fin[fin["group"].map(_key) == _key(group)]
         if g is None or g.empty:
-            lines.append(f"| {row} | pending | pending | - | - | 0 | - |")
+            lines.append(f"| {row} | - | pending | pending | - | - | 0 | - |")
             continue
         at = g[g["is_train_size"].astype(bool)].sort_values("seed")
         cell = lambda c: report.fmt(at[c].mean(), at[c].std(), len(at))  # noqa: E731
         seeds = " / ".join(f"{v:.3f}" for v in at["AP"])
         sizes = " / ".join(f"{g[g['scale'] == s]['AP'].mean():.3f}" for s in (0.75, 1.5))
         commits = ", ".join(sorted({str(c)[:7] for c in at["commit"].dropna()})) or "-"
-        lines.append(f"| {row} | {cell('AP')} | {cell('AP50')} | {seeds} | {sizes} | {len(at)} | {commits} |")
+        lines.append(f"| {row} | {_threads(at)} | {cell('AP')} | {cell('AP50')} | {seeds} | {sizes} | {len(at)} | {commits} |")
     return "\n".join(lines)
 
 
