@@ -174,7 +174,7 @@ INIT_ROWS = [  # (row, CSV, group label in its report): configs/shapes_detr_tabl
     ("DAB-DETR + BoxRPB, vispe's before issue 35 (`detr.init=legacy`)", "shapes_detr_init", "sine [init=legacy]"),
     ("DAB-DETR + BoxRPB + Relation-DETR's relation (`detr.query_relation=relation`, papers' init)", "shapes_detr_init",
      "sine [query_relation=relation]"),
-    ("DAB-DETR + BoxRPB, the papers' initialisation", "shapes_detr_init_1thread", "sine [init=papers]"),
+    ("DAB-DETR + BoxRPB, the papers' initialisation", "shapes_detr_init_1thread", "sine"),  # one arm: no vary in its label
     ("DAB-DETR + BoxRPB, vispe's before issue 35 (Table 3's row above; `41af1fa` repeats its seed 0 bit for bit)",
      "shapes_detr_queries", "sine [decoder=dab, temperature=20.0, box_bias=boxrpb]"),
 ]
