@@ -212,6 +212,7 @@ SINGLE_SCALE_ROWS = [  # (row, CSV, group label): configs/shapes_detr_table3.yam
     ("single-scale DAB-DETR + BoxRPB (configs/shapes_detr_table3.yaml, vispe's init before issue 35)", "shapes_detr_queries",
      "sine [decoder=dab, temperature=20.0, box_bias=boxrpb]"),
     ("single-scale DAB-DETR + BoxRPB, the papers' initialisation (issue 35)", "shapes_detr_init", "sine [init=papers]"),
+    ("single-scale DAB-DETR + BoxRPB, the papers' initialisation (issue 35)", "shapes_detr_init_1thread", "sine"),
     ("single-scale DAB-DETR (no box bias)", "shapes_detr_queries", "sine [decoder=dab, temperature=20.0]"),
 ]
 DEFORMABLE_ROWS = [  # (row, run name without _seedN in shapes_deformable_detr, published COCO AP (R50))
@@ -235,20 +236,22 @@ def _ap_row(row: str, at: pd.DataFrame, sizes: pd.DataFrame, paper: str) -> str:
     scales = " / ".join(f"{sizes[sizes['scale'] == s]['AP'].mean():.3f}" for s in (0.75, 1.5))
     commits = ", ".join(sorted({str(c)[:7] for c in at["commit"].dropna()})) or "-"
     step = f"{1e3 * at['step_time_s'].mean():.0f} ms" if "step_time_s" in at else "-"
-    return f"| {row} | {cell('AP')} | {cell('AP50')} | {seeds} | {scales} | {len(at)} | {step} | {commits} | {paper} |"
+    return (f"| {row} | {_threads(at)} | {cell('AP')} | {cell('AP50')} | {seeds} | {scales} | {len(at)} | {step} "
+            f"| {commits} | {paper} |")
 
 
 def deformable_table() -> str:
     """Issue 36's rows: the deformable designs at configs/shapes_detr_table3.yaml's budget, beside the single-scale
-    rows; AP at the training size (mean +- std, each seed), at 0.75x / 1.5x, mean step time of the runs."""
-    lines = ["| design (16 epochs, shapes set) | AP | AP50 | AP per seed | AP at 0.75x / 1.5x | seeds | step | commit "
-             "| published (COCO, R50) |", "|---|---|---|---|---|---|---|---|---|"]
+    rows; the runs' torch threads, AP at the training size (mean +- std, each seed), at 0.75x / 1.5x, mean step
+    time of the runs."""
+    lines = ["| design (16 epochs, shapes set) | threads | AP | AP50 | AP per seed | AP at 0.75x / 1.5x | seeds | step "
+             "| commit | published (COCO, R50) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row, name, group in SINGLE_SCALE_ROWS:
         df = load(name)
         fin = None if df is None else report.add_group(df[df["status"] == "finished"])
-        g = None if fin is None else fin[fin["group"].map(_key) == _key(group)]
+        g = None if fin is None or fin.empty else fin[fin["group"].map(_key) == _key(group)]
         if g is None or g.empty:
-            lines.append(f"| {row} | pending | pending | - | - | 0 | - | - | - |")
+            lines.append(f"| {row} | - | pending | pending | - | - | 0 | - | - | - |")
             continue
         lines.append(_ap_row(row, g[g["is_train_size"].astype(bool)], g, "-"))
     df = load("shapes_deformable_detr")
@@ -256,7 +259,7 @@ def deformable_table() -> str:
         g = None if df is None else df[(df["status"] == "finished") & (df["run"].str.replace(r"_seed\d+$", "", regex=True)
                                                                          == run)]
         if g is None or g.empty:
-            lines.append(f"| {row} | pending | pending | - | - | 0 | - | - | {paper} |")
+            lines.append(f"| {row} | - | pending | pending | - | - | 0 | - | - | {paper} |")
             continue
         lines.append(_ap_row(row, g[g["is_train_size"].astype(bool)], g, paper))
     return "\n".join(lines)
