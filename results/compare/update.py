@@ -193,18 +193,12 @@ def init_relation_table() -> str:
     lines = ["| design (configs/shapes_detr_table3.yaml, 16 epochs) | threads | AP | AP50 | AP per seed (0, 1, 2) "
              "| AP at 0.75x / 1.5x | seeds | commit |", "|---|---|---|---|---|---|---|---|"]
     for row, csv, group in INIT_ROWS:
-        df = load(csv)
-        fin = None if df is None else report.add_group(df[df["status"] == "finished"])
-        g = None if fin is None or fin.empty else fin[fin["group"].map(_key) == _key(group)]
-        if g is None or g.empty:
+        g = _group_runs(csv, group)
+        if g is None:
             lines.append(f"| {row} | - | pending | pending | - | - | 0 | - |")
             continue
-        at = g[g["is_train_size"].astype(bool)].sort_values("seed")
-        cell = lambda c: report.fmt(at[c].mean(), at[c].std(), len(at))  # noqa: E731
-        seeds = " / ".join(f"{v:.3f}" for v in at["AP"])
-        sizes = " / ".join(f"{g[g['scale'] == s]['AP'].mean():.3f}" for s in (0.75, 1.5))
-        commits = ", ".join(sorted({str(c)[:7] for c in at["commit"].dropna()})) or "-"
-        lines.append(f"| {row} | {_threads(at)} | {cell('AP')} | {cell('AP50')} | {seeds} | {sizes} | {len(at)} | {commits} |")
+        threads, ap, ap50, seeds, sizes, n, _, commits = _ap_cells(g[g["is_train_size"].astype(bool)], g)
+        lines.append(f"| {row} | {threads} | {ap} | {ap50} | {seeds} | {sizes} | {n} | {commits} |")
     return "\n".join(lines)
 
 
@@ -229,15 +223,28 @@ DEFORMABLE_ROWS = [  # (row, run name without _seedN in shapes_deformable_detr, 
 ]
 
 
-def _ap_row(row: str, at: pd.DataFrame, sizes: pd.DataFrame, paper: str) -> str:
+def _group_runs(csv: str, group: str) -> pd.DataFrame | None:
+    """The finished runs of ``group`` (a report label) in the committed ``csv``, every size; None when none."""
+    df = load(csv)
+    fin = None if df is None else report.add_group(df[df["status"] == "finished"])
+    g = None if fin is None or fin.empty else fin[fin["group"].map(_key) == _key(group)]
+    return None if g is None or g.empty else g
+
+
+def _ap_cells(at: pd.DataFrame, sizes: pd.DataFrame) -> tuple[str, ...]:
+    """A row's cells from its runs at the training size (``at``) and at every size (``sizes``): threads,
+    AP, AP50 (mean +- std), AP per seed, AP at 0.75x / 1.5x, seeds, mean step time, commits."""
     at = at.sort_values("seed")
     cell = lambda c: report.fmt(at[c].mean(), at[c].std(), len(at))  # noqa: E731
     seeds = " / ".join(f"{v:.3f}" for v in at["AP"])
     scales = " / ".join(f"{sizes[sizes['scale'] == s]['AP'].mean():.3f}" for s in (0.75, 1.5))
     commits = ", ".join(sorted({str(c)[:7] for c in at["commit"].dropna()})) or "-"
     step = f"{1e3 * at['step_time_s'].mean():.0f} ms" if "step_time_s" in at else "-"
-    return (f"| {row} | {_threads(at)} | {cell('AP')} | {cell('AP50')} | {seeds} | {scales} | {len(at)} | {step} "
-            f"| {commits} | {paper} |")
+    return _threads(at), cell("AP"), cell("AP50"), seeds, scales, str(len(at)), step, commits
+
+
+def _ap_row(row: str, at: pd.DataFrame, sizes: pd.DataFrame, paper: str) -> str:
+    return "| " + " | ".join((row, *_ap_cells(at, sizes), paper)) + " |"
 
 
 def deformable_table() -> str:
@@ -247,10 +254,8 @@ def deformable_table() -> str:
     lines = ["| design (16 epochs, shapes set) | threads | AP | AP50 | AP per seed | AP at 0.75x / 1.5x | seeds | step "
              "| commit | published (COCO, R50) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row, name, group in SINGLE_SCALE_ROWS:
-        df = load(name)
-        fin = None if df is None else report.add_group(df[df["status"] == "finished"])
-        g = None if fin is None or fin.empty else fin[fin["group"].map(_key) == _key(group)]
-        if g is None or g.empty:
+        g = _group_runs(name, group)
+        if g is None:
             lines.append(f"| {row} | - | pending | pending | - | - | 0 | - | - | - |")
             continue
         lines.append(_ap_row(row, g[g["is_train_size"].astype(bool)], g, "-"))
