@@ -15,7 +15,7 @@ from vispe.sweep import collect
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make_run(sweep, pe, seed, accs, *, vary=None, finished=True, metric="acc"):
+def make_run(sweep, pe, seed, accs, *, vary=None, finished=True, metric="acc", device="cpu x"):
     """A run folder as vispe.sweep + train.py leave it, with accuracy ``accs = {size: value}``."""
     vary = vary or {}
     name = pe + "".join(f"+{k.rsplit('.', 1)[-1]}-{v}" for k, v in vary.items()) + f"_seed{seed}"
@@ -28,7 +28,7 @@ def make_run(sweep, pe, seed, accs, *, vary=None, finished=True, metric="acc"):
         return run
     summ = {"encoding": pe, "primary": metric, "task": "classification", "data": "digits_cell", "model": "vit_pico",
             "train_img_size": 32, "epochs": 2, "steps": 10, "params": 1000 + len(pe), "step_time_s": 0.02,
-            "peak_mem_mb": 300.0, "peak_mem_kind": "cpu_max_rss", "train_time_s": 60.0, "device": "cpu x",
+            "peak_mem_mb": 300.0, "peak_mem_kind": "cpu_max_rss", "train_time_s": 60.0, "device": device,
             "eval": {str(s): {"scale": s / 32, metric: a, "loss": 1 - a} for s, a in accs.items()}}
     (run / pe / "summary.json").write_text(json.dumps(summ))
     (run / "summary.json").write_text(json.dumps({"finished": True, "runtime_s": 70.0, "encodings": {pe: summ}}))
@@ -70,6 +70,15 @@ def test_report_files(sweep):
     assert "python -m vispe.sweep --pe none,sine" in text
     for name in ("metric_vs_size.png", "curves.png", "results.csv"):
         assert (sweep / name).stat().st_size > 1000
+
+
+def test_groups_whose_seeds_ran_on_different_threads_are_named(sweep):
+    assert "Mixed devices" not in report.write_report(sweep).read_text()  # every run on "cpu x"
+    make_run(sweep, "none", 2, {32: 0.3, 48: 0.1}, device="AMD EPYC, 2 cores, 1 torch threads")
+    text = report.write_report(sweep).read_text()
+    assert "**Mixed devices**" in text
+    assert "- `none`: 1 on AMD EPYC, 2 cores, 1 torch threads; 2 on cpu x" in text
+    assert "`sine`:" not in text.split("**Mixed devices**")[1]  # its seeds ran on one device
 
 
 def test_plots_draw_the_means_and_stds(sweep):

@@ -170,6 +170,25 @@ def status_lines(df: pd.DataFrame, sweep_dir: Path) -> list[str]:
     return lines
 
 
+def mixed_device_lines(df: pd.DataFrame) -> list[str]:
+    """Groups whose finished runs trained on different devices (a device string names the CPU or GPU
+    and torch's threads): their mean +- std mixes two sources of difference, since another thread
+    count or device changes the order of reductions and so every number of a seed (on CPU, one
+    thread against two moved a detector's AP as much as a seed: docs/training.md)."""
+    fin = add_group(df[df["status"] == "finished"].drop_duplicates("run"))
+    if fin.empty or "device" not in fin:
+        return []
+    lines = []
+    for group, runs in fin.groupby("group", sort=True):
+        counts = runs["device"].fillna("unknown").astype(str).value_counts()
+        if len(counts) > 1:
+            lines.append(f"- `{group}`: " + "; ".join(f"{n} on {dev}" for dev, n in sorted(counts.items())))
+    if lines:
+        lines.insert(0, "**Mixed devices**: the seeds of these groups ran on different devices or thread counts, so "
+                        "their spread is not the seeds' alone; rerun them on one (`train.threads=N` fixes the threads):")
+    return lines
+
+
 def write_report(sweep_dir: str | Path) -> Path:
     """Collect, tabulate and plot a sweep folder; returns the path of report.md."""
     import matplotlib
@@ -190,6 +209,8 @@ def write_report(sweep_dir: str | Path) -> Path:
              "step ms = mean training time per optimiser step (data loading included); peak MiB = the "
              "run's peak memory (CPU: max RSS of the process; GPU: max allocated).", ""]
     parts += status_lines(df, sweep_dir) + [""]
+    if mixed := mixed_device_lines(df):
+        parts += mixed + [""]
     info = json.loads((sweep_dir / "sweep.json").read_text()) if (sweep_dir / "sweep.json").is_file() else {}
     if info.get("invocations"):
         parts.append("## Commands")
