@@ -107,14 +107,25 @@ def padded_bias_case(name: str, kw: dict, P: int = 1, shape=(3, 4), dim: int = 1
 TEST_SEED = int(os.environ.get("VISPE_TEST_SEED", "0"))
 
 
+def _seed_everything() -> None:
+    torch.manual_seed(TEST_SEED)
+    random.seed(TEST_SEED)
+    np.random.seed(TEST_SEED)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _same_draws_in_every_module():
+    """A module's own fixtures (a model built once for its tests) start from the seeded state too:
+    autouse fixtures of a scope are set up before the other fixtures of that scope."""
+    _seed_everything()
+
+
 @pytest.fixture(autouse=True)
 def _same_draws_in_every_test():
     """Every test starts from the same random state, whichever xdist worker runs it and whatever ran
     there before it: a test that draws without seeding gives the same numbers on every run and
     every machine, instead of failing once in a while on an unlucky draw."""
-    torch.manual_seed(TEST_SEED)
-    random.seed(TEST_SEED)
-    np.random.seed(TEST_SEED)
+    _seed_everything()
 
 
 @pytest.fixture(params=vispe.available())

@@ -258,6 +258,12 @@ class RotaryBase(RotaryEncoding):
         return coords
 
     def grid_angles(self, shape: tuple[int, int], mask: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+        return self._scaled_angles(*self.token_coords(shape, mask, device))  # (B|1, heads|1, N, head_dim/2)
+
+    def token_coords(self, shape: tuple[int, int], mask: torch.Tensor | None,
+                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The grid tokens' coordinates as ``angles`` takes them, and the valid extent that ``scaling``
+        needs (None without scaling).  # (B|1, N, 2), (B|1, 1, 2) | None"""
         coords = valid_coords(shape, mask, self.coords, device=device) + self.offset  # (B|1, N, 2)
         if self.has_convention:
             coords = self.convention(coords, valid_extent(mask, shape, device)[:, None])  # (B|1, N, 2)
@@ -270,7 +276,7 @@ class RotaryBase(RotaryEncoding):
         if self._augmenting():
             coords = self._augment(coords)  # (B|1, N, 2)
         n = None if self.scaling == "none" else valid_extent(mask, shape, device)[:, None]  # (B|1, 1, 2)
-        return self._scaled_angles(coords, n)  # (B|1, heads|1, N, head_dim/2)
+        return coords, n
 
     def _augment(self, coords: torch.Tensor) -> torch.Tensor:
         """shift, jitter, stretch, rescale (module docstring), one draw per image.  # (B|1, N, 2)"""

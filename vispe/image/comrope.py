@@ -26,9 +26,13 @@ The block size of the paper's tables was not read here (the reference's config d
 ComRoPE is RoPE with learned frequencies); 8 is a choice, documented as such.
 
 Cost: the blocks commute, so ``R(y, x) = exp(y A_y) exp(x A_x)``: exponentials are taken once per
-distinct y and once per distinct x (h + w per grid instead of h w), and the two factors multiplied
-per token ("ld"); with "ap" each block depends on one axis only and needs no product. In eval mode
-without gradients the rotations of a grid are cached (``vispe.image._blocks``). b = 2 returns angles.
+row and once per column of a grid (h + w instead of h w) and the two factors multiplied per token
+("ld"); with "ap" each block depends on one axis only and needs no product. On a grid without a
+padding mask or per-token jitter the coordinates are separable (y by row, x by column) and the
+factors come from the rows and columns directly, the same under torch.compile and torch.export;
+otherwise (a padded batch, jitter, ``at``) once per distinct y and x in eager mode
+(``vispe.lie.per_value``) and per token while tracing. In eval mode without gradients the rotations
+of a grid are cached (``vispe.image._blocks``). b = 2 returns angles.
 
 Grid change: recomputed at any (h, w); with unit coordinates a larger grid is a finer sampling of
 the same (0, 1) range. No resolution ``scaling`` (nothing to scale in unit coordinates).
@@ -105,17 +109,35 @@ class ComRoPE(BlockRotaryBase):
         if self.block_size == 2:  # commuting planes: a rotation by -(y u_y + x u_x)
             return -torch.einsum("bnk,hkj->bhnj", coords, A[..., 0, 1])  # (B|1, H, N, nb)
         flat = coords.reshape(Bc * N, 2)  # (M, 2)
-
-        def along(k: int) -> torch.Tensor:  # exp(p_k A_k) once per distinct p_k  # (M, H, nb, b, b)
-            return lie.per_value(flat[:, k:k + 1], lambda v: lie.expm(v[:, :, None, None, None] * A[None, :, k]))
-
-        if self.variant == "ap":  # block j depends on axis j mod 2 only: no product
-            ry, rx = along(0), along(1)  # (M, H, nb, b, b) each
-            even = (torch.arange(A.shape[2], device=A.device) % 2 == 0)[:, None, None]  # (nb, 1, 1)
-            R = torch.where(even, ry, rx)
-        else:
-            R = torch.matmul(along(0), along(1))  # commuting factors
+        R = self._combine(self._along(flat[:, 0], A, 0), self._along(flat[:, 1], A, 1))  # (M, H, nb, b, b)
         return R.view(Bc, N, *R.shape[1:]).transpose(1, 2)  # (B|1, H, N, nb, b, b)
+
+    def grid_angles(self, shape, mask, device) -> torch.Tensor:
+        """The grid's rotations from its rows and columns when its coordinates are separable (no
+        padding mask: a padded column counts y from 0; no per-token jitter).  # (B|1, heads, N, nb, b, b)"""
+        coords, _ = self.token_coords(shape, mask, device)  # (B|1, N, 2); scaling is "none" here
+        if mask is not None or self.block_size == 2 or (self.jitter and self._augmenting()):
+            return self.angles(coords * self.scale)
+        h, w = shape
+        c = coords.unflatten(1, (h, w)) * self.scale  # (B|1, h, w, 2): y by row, x by column
+        Bc = c.shape[0]
+        A = self.axis_generators().to(c.device)  # (H, 2, nb, b, b)
+        ry = self._along(c[:, :, 0, 0].reshape(-1), A, 0)  # (B|1 * h, H, nb, b, b)
+        rx = self._along(c[:, 0, :, 1].reshape(-1), A, 1)  # (B|1 * w, H, nb, b, b)
+        R = self._combine(ry.view(Bc, h, 1, *ry.shape[1:]), rx.view(Bc, 1, w, *rx.shape[1:]))  # (B|1, h, w, H, nb, b, b)
+        return R.flatten(1, 2).transpose(1, 2)  # (B|1, H, N, nb, b, b)
+
+    @staticmethod
+    def _along(p: torch.Tensor, A: torch.Tensor, k: int) -> torch.Tensor:
+        """exp(p A_k) for each coordinate of ``p`` (M,), once per distinct value.  # (M, H, nb, b, b)"""
+        return lie.per_value(p[:, None], lambda v: lie.expm(v[:, :, None, None, None] * A[None, :, k]))
+
+    def _combine(self, ry: torch.Tensor, rx: torch.Tensor) -> torch.Tensor:
+        """R = exp(y A_y) exp(x A_x), broadcast: "ap" takes each block from its axis.  # broadcast shape"""
+        if self.variant == "ap":  # block j depends on axis j mod 2 only: no product
+            even = (torch.arange(ry.shape[-3], device=ry.device) % 2 == 0)[:, None, None]  # (nb, 1, 1)
+            return torch.where(even, ry, rx)
+        return torch.matmul(ry, rx)  # commuting factors
 
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, variant={self.variant!r}, comrope_coords={self.comrope_coords!r}, "
