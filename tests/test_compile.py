@@ -131,12 +131,14 @@ def _frames(model, *, dynamic, train=False, mark=False, inputs=None, backend=Non
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pe", ["learned_abs", "sine", "fourier"])
+@pytest.mark.parametrize("pe", vispe.available())
 def test_a_compiled_vit_runs_four_sizes_without_recompiling(pe):
-    """dynamic=True: one graph for all four sizes. Before: a recompile at every size for every encoding
-    (timm's PatchEmbed formats H and W in its size assertion), a guard on the grid in `_tracing.known`
-    (learned_abs, relbias), and sine and fourier broke the graph (`torch.is_inference_mode_enabled`),
-    fourier also tying its frequency table's size to an image side of the same length."""
+    """dynamic=True: one graph for all four sizes, for every registered encoding. Before: a recompile at
+    every size for every encoding (timm's PatchEmbed formats H and W in its size assertion), a guard on
+    the grid in `_tracing.known` (learned_abs, relbias), and sine and fourier broke the graph
+    (`torch.is_inference_mode_enabled`), fourier also tying its frequency table's size to an image side
+    of the same length; relpos_decomposed recompiled at every size (its query check formatted the
+    symbolic token count into a message it only needs on error)."""
     from torch._dynamo.utils import counters
 
     counters.clear()

@@ -113,11 +113,15 @@ class BiasBase(BiasEncoding):
 
     def _check_q(self, q, n: int) -> torch.Tensor:
         L = self.num_prefix_tokens + n
-        want = f"(B, {self.num_heads}, {L}, {self.head_dim})"
+
+        def want() -> str:  # formatted only for the error: formatting a symbolic size while
+            # torch.compile records would specialise the graph to it (a recompile at every size)
+            return f"(B, {self.num_heads}, {L}, {self.head_dim})"
+
         if not isinstance(q, torch.Tensor):
-            raise ValueError(f"q={type(q).__name__}: a contextual bias needs the queries {want}")
+            raise ValueError(f"q={type(q).__name__}: a contextual bias needs the queries {want()}")
         if q.dim() != 4 or tuple(q.shape[1:]) != (self.num_heads, L, self.head_dim):
-            raise ValueError(f"q has shape {tuple(q.shape)}: expected {want} (P + h*w tokens)")
+            raise ValueError(f"q has shape {tuple(q.shape)}: expected {want()} (P + h*w tokens)")
         return q
 
     def add_prefix(self, bias: torch.Tensor) -> torch.Tensor:
