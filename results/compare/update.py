@@ -197,7 +197,7 @@ def init_relation_table() -> str:
         if g is None:
             lines.append(f"| {row} | - | pending | pending | - | - | 0 | - |")
             continue
-        threads, ap, ap50, seeds, sizes, n, _, commits = _ap_cells(g[g["is_train_size"].astype(bool)], g)
+        threads, ap, ap50, seeds, sizes, n, _, commits = _ap_cells(g)
         lines.append(f"| {row} | {threads} | {ap} | {ap50} | {seeds} | {sizes} | {n} | {commits} |")
     return "\n".join(lines)
 
@@ -231,10 +231,11 @@ def _group_runs(csv: str, group: str) -> pd.DataFrame | None:
     return None if g is None or g.empty else g
 
 
-def _ap_cells(at: pd.DataFrame, sizes: pd.DataFrame) -> tuple[str, ...]:
-    """A row's cells from its runs at the training size (``at``) and at every size (``sizes``): threads,
-    AP, AP50 (mean +- std), AP per seed, AP at 0.75x / 1.5x, seeds, mean step time, commits."""
-    at = at.sort_values("seed")
+def _ap_cells(sizes: pd.DataFrame) -> tuple[str, ...]:
+    """A row's cells from its runs' rows at every evaluation size (``sizes``; those at the training size
+    give the rest): threads, AP, AP50 (mean +- std), AP per seed, AP at 0.75x / 1.5x, seeds, mean step
+    time, commits."""
+    at = sizes[sizes["is_train_size"].astype(bool)].sort_values("seed")
     cell = lambda c: report.fmt(at[c].mean(), at[c].std(), len(at))  # noqa: E731
     seeds = " / ".join(f"{v:.3f}" for v in at["AP"])
     scales = " / ".join(f"{sizes[sizes['scale'] == s]['AP'].mean():.3f}" for s in (0.75, 1.5))
@@ -243,8 +244,8 @@ def _ap_cells(at: pd.DataFrame, sizes: pd.DataFrame) -> tuple[str, ...]:
     return _threads(at), cell("AP"), cell("AP50"), seeds, scales, str(len(at)), step, commits
 
 
-def _ap_row(row: str, at: pd.DataFrame, sizes: pd.DataFrame, paper: str) -> str:
-    return "| " + " | ".join((row, *_ap_cells(at, sizes), paper)) + " |"
+def _ap_row(row: str, sizes: pd.DataFrame, paper: str) -> str:
+    return "| " + " | ".join((row, *_ap_cells(sizes), paper)) + " |"
 
 
 def deformable_table() -> str:
@@ -258,7 +259,7 @@ def deformable_table() -> str:
         if g is None:
             lines.append(f"| {row} | - | pending | pending | - | - | 0 | - | - | - |")
             continue
-        lines.append(_ap_row(row, g[g["is_train_size"].astype(bool)], g, "-"))
+        lines.append(_ap_row(row, g, "-"))
     df = load("shapes_deformable_detr")
     for row, run, paper in DEFORMABLE_ROWS:
         g = None if df is None else df[(df["status"] == "finished") & (df["run"].str.replace(r"_seed\d+$", "", regex=True)
@@ -266,7 +267,7 @@ def deformable_table() -> str:
         if g is None or g.empty:
             lines.append(f"| {row} | - | pending | pending | - | - | 0 | - | - | {paper} |")
             continue
-        lines.append(_ap_row(row, g[g["is_train_size"].astype(bool)], g, paper))
+        lines.append(_ap_row(row, g, paper))
     return "\n".join(lines)
 
 
