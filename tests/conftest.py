@@ -31,6 +31,34 @@ ONE_WORKER = ("test_sweep.py", "test_docs_site.py", "test_train_ddp.py", "test_t
 FIRST = ("test_train_compile.py", "test_compile.py")
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: the CUDA tier (tests/test_gpu_*.py); skipped without a CUDA GPU, with one "
+                                       "line saying why; `pytest -m gpu` runs it alone (docs/testing.md)")
+
+
+GPU_TIER = "gpu tier:"  # how every skip reason of the CUDA tier starts (tests/gpu_cases.py)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    """A test of the CUDA tier skipped for want of a GPU is reported at one place (tests/gpu_cases.py), so
+    that `-rs` gives the whole tier one line."""
+    rep = yield
+    if rep.skipped and isinstance(rep.longrepr, tuple) and GPU_TIER in str(rep.longrepr[2]) \
+            and item.get_closest_marker("gpu"):
+        rep.longrepr = (str(Path(__file__).with_name("gpu_cases.py")), 1, rep.longrepr[2])
+    return rep
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line for the CUDA tier when it was skipped, whatever `-r` asks."""
+    reasons = [str(r.longrepr[2]) for r in terminalreporter.stats.get("skipped", [])
+               if isinstance(r.longrepr, tuple) and GPU_TIER in str(r.longrepr[2])]
+    if reasons:
+        why = reasons[0].split(GPU_TIER, 1)[1].strip()
+        terminalreporter.write_line(f"{GPU_TIER} {len(reasons)} tests skipped: {why}")
+
+
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """`-n 2` (pytest-xdist's default distribution, load) hands the tests out one at a time, in the
