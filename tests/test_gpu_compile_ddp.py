@@ -1,7 +1,8 @@
 """CUDA tier (marker ``gpu``): torch.compile with Inductor's GPU backend, and data-parallel training over NCCL.
 
 * every registered encoding in a ViT, compiled once with ``dynamic=True``, runs three non-square sizes
-  without recompiling (a constant number of compiled frames, no recompile counted), each against eager;
+  without recompiling (a constant number of compiled frames, no recompile counted), each against eager
+  (on the CPU with dynamo's eager backend: one frame at every size for all of them, 2026-11-28);
   three of them (one rotary with learned angles, one relative bias, one additive) also train through the
   compiled model (input gradients against eager);
 * two processes of ``train.py`` under torchrun on two GPUs: NCCL's all-reduce, one training run's summary
@@ -62,8 +63,12 @@ def test_compiled_vit_runs_three_sizes_without_recompiling(name):
 
 @pytest.mark.parametrize("name", TRAINED)
 def test_compiled_vit_trains_at_three_sizes_without_recompiling(name):
+    """No recompile, and nothing new to compile at the third size. A learned table resized while it trains
+    (relbias) is resized outside the graph (tests/test_compile.py): the frames around those graph breaks
+    are first compiled at the first size that resizes (on the CPU: 22, 27, 27 frames for relbias)."""
     counts = compiled_sizes(name, "cuda", train=True)
-    assert counts == [counts[0]] * 3, f"{name}: compiled frames after each size {counts}"
+    assert counts[1] == counts[2] and (counts[0] == counts[1] or name == "relbias"), \
+        f"{name}: compiled frames after each size {counts}"
 
 
 DDP_ARGS = ["data.kwargs.n_train=64", "data.kwargs.n_test=37", "data.batch_size=16", "data.eval_batch_size=5",

@@ -159,3 +159,10 @@ def test_the_ddp_command_is_a_valid_train_config():
     args = train.parse_args(words[words.index(str(ROOT / "train.py")) + 1:])
     cfg = C.load_config(ROOT / args.config if args.config else train.DEFAULT_CONFIG, args.overrides)
     assert cfg.train.device == "cuda" and cfg.train.amp == "bf16"
+
+
+@pytest.mark.slow
+def test_the_compile_check_runs_on_cpu():
+    """The compile case trains at three sizes on the CPU, dynamo's eager backend (no code generation):
+    one frame at every size, no recompile."""
+    assert GC.compiled_sizes("rope_mixed", "cpu", train=True, backend="eager") == [1, 1, 1]
