@@ -116,7 +116,7 @@ def time_cases(cases: dict, *, deadline: float, rounds: int = 5, device="cuda", 
     Each case is built and stepped twice (warm-up; the second step's peak above what was allocated before
     it, ``torch.cuda.max_memory_allocated``), then every case that built is stepped once per round, in a
     new seeded order each round, until ``rounds`` rounds or ``deadline`` (``time.time()``). A case that runs out
-    of memory is noted and dropped; one not reached before the deadline is noted."""
+    of memory or failing is noted (with the error) and dropped; one not reached before the deadline is noted."""
     cuda = torch.device(device).type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     out, steps = {}, {}
@@ -139,6 +139,9 @@ def time_cases(cases: dict, *, deadline: float, rounds: int = 5, device="cuda", 
         except torch.cuda.OutOfMemoryError:
             out[label] = dict(ms=None, peak=None, note="out of memory")
             log(f"  {label}: out of memory")
+        except Exception as e:  # one failing case must not cost the machine's other figures
+            out[label] = dict(ms=None, peak=None, note=f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+            log(f"  {label}: {out[label]['note']}")
         if cuda:
             torch.cuda.empty_cache()
     order, rng = list(steps), random.Random(0)

@@ -13,8 +13,8 @@ says so, the next one starts):
    in bf16 autocast, with each step's peak memory (``bench/_gpu_timing.py``);
 3. the detector designs' training step (every design of the detector's registries, ``sine``).
 
-It writes ``results/gpu_check.md`` (``--out``): device, driver, torch, CUDA, commit, the command, each
-stage's outcome and the tables. ``--dry-run`` writes nothing: it builds every case of every stage on the
+It writes ``results/gpu_check.md`` (``--out``) after every stage: device, driver, torch, CUDA, commit, the
+command, each stage's outcome and the tables. ``--dry-run`` writes nothing: it builds every case of every stage on the
 CPU at a few tokens and runs it once (the tier's cases as ``tests/gpu_cases.py`` builds them), collects
 the tier with pytest, and prints the stages with their budgets; it runs in ``.ci/run``.
 """
@@ -40,6 +40,10 @@ TIER = ("tests/test_gpu_parity.py", "tests/test_gpu_kernels.py", "tests/test_gpu
 BUDGETS = {"tests/test_gpu_parity.py": 60, "tests/test_gpu_kernels.py": 90, "tests/test_gpu_compile_ddp.py": 120,
            "vit timing": 130, "detector timing": 40}
 COMPILE = "tests/test_gpu_compile_ddp.py::test_compiled_vit_runs_three_sizes_without_recompiling"
+
+
+def have_cuda() -> bool:
+    return torch.cuda.is_available()
 
 
 def compile_picks() -> list[str]:
@@ -115,7 +119,7 @@ def machine_lines(commit: str | None) -> list[str]:
             return ""
     driver = cmd("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader").splitlines()
     commit = commit or cmd("git", "rev-parse", "--short", "HEAD") or "unknown (no git here: pass --commit)"
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
+    device = torch.cuda.get_device_name(0) if have_cuda() else "no CUDA device"
     return [f"- device: {device} ({torch.cuda.device_count()} GPU(s))", f"- driver: {driver[0] if driver else 'n/a'}",
             f"- torch: {torch.__version__}, CUDA {torch.version.cuda}", f"- commit: {commit}"]
 
@@ -129,7 +133,8 @@ def write_results(path: Path, argv: list[str], commit, tier: list[dict], vit: di
     lines += [f"- {d}" for s in tier for d in s["details"]]
     lines += ["", "## ViT training step, bf16 autocast (bench/_gpu_timing.py)", *vit_tables(vit), "",
               "## Detector designs' training step, bf16 autocast", "", "| design | ms/step | peak MiB | note |", "|---|---|---|---|"]
-    lines += [f"| {k} | {v['ms']:.1f} | {v['peak'] / 2**20:.0f} | {v['note']} |" if v["ms"] else f"| {k} | - | - | {v['note']} |"
+    mib = lambda b: "-" if b is None else f"{b / 2**20:.0f}"  # noqa: E731
+    lines += [f"| {k} | {v['ms']:.1f} | {mib(v['peak'])} | {v['note']} |" if v["ms"] else f"| {k} | - | {mib(v['peak'])} | {v['note']} |"
               for k, v in det.items()]
     path.write_text("\n".join(lines) + "\n")
 
@@ -191,26 +196,34 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.dry_run:
         return dry_run(args.full)
-    if not torch.cuda.is_available():
+    if not have_cuda():
         ap.error(f"no CUDA GPU here (torch {torch.__version__}): run on a GPU machine, or --dry-run")
     from _gpu_timing import TOKENS, detector_step, time_cases, vit_cases
     from gpu_cases import ENCODINGS, detector_designs
 
     started = time.time()
     log = lambda s: print(s, flush=True)  # noqa: E731
-    tier = [] if args.skip_tier else run_tier(args.full, log)
-    vit = {}
+    out = Path(args.out)
+    tier: list[dict] = []
+    vit: dict = {}
+    det: dict = {}
+
+    def save():  # after every stage: a run cut short (the machine's time) keeps what it measured
+        write_results(out, argv, args.commit, tier, vit, det, started)
+    if not args.skip_tier:
+        tier = run_tier(args.full, log)
+        save()
     stage_end = time.time() + BUDGETS["vit timing"]
     for i, tokens in enumerate(TOKENS):
         log(f"== vit timing, {tokens:,} tokens")
         deadline = time.time() + (stage_end - time.time()) / (len(TOKENS) - i)  # the rest shared by the sizes left
         vit[tokens] = time_cases(vit_cases(ENCODINGS, tokens, "cuda"), deadline=deadline, log=log)
         torch.cuda.empty_cache()
+        save()
     log("== detector timing")
     cases = {f"{d} ({op})": (lambda d=d, op=op: detector_step(d, op, "cuda")) for op, ds in detector_designs().items() for d in ds}
-    det = time_cases(cases, deadline=time.time() + BUDGETS["detector timing"], log=log)
-    out = Path(args.out)
-    write_results(out, argv, args.commit, tier, vit, det, started)
+    det.update(time_cases(cases, deadline=time.time() + BUDGETS["detector timing"], log=log))
+    save()
     log(f"wrote {out} ({time.time() - started:.0f} s)")
     return 0 if all(s["rc"] == 0 for s in tier) else 1
 

@@ -4,6 +4,7 @@ The dry run itself (every case built and run tiny, the tier collected) is a step
 """
 from __future__ import annotations
 
+import re
 import sys
 import time
 from pathlib import Path
@@ -46,10 +47,13 @@ def test_time_cases_times_what_builds_and_notes_the_rest():
                 calls[label] += 1
             return step
         return build
-    res = T.time_cases({"a": make("a"), "b": make("b"), "oom": make("oom", fail=True)}, deadline=time.time() + 60,
-                       rounds=3, device="cpu", log=lambda s: None)
+    def broken():
+        raise RuntimeError("no kernel\nsecond line")
+    res = T.time_cases({"a": make("a"), "b": make("b"), "oom": make("oom", fail=True), "bad": broken},
+                       deadline=time.time() + 60, rounds=3, device="cpu", log=lambda s: None)
     assert calls == {"a": 2 + 3, "b": 2 + 3}  # two warm-up steps, one per round
     assert res["a"]["ms"] is not None and res["a"]["note"] == "3 rounds" and res["oom"]["note"] == "out of memory"
+    assert res["bad"]["note"] == "failed: RuntimeError: no kernel"
     late = T.time_cases({"a": make("a")}, deadline=time.time() - 1, device="cpu", log=lambda s: None)
     assert late["a"] == dict(ms=None, peak=None, note="not run: stage budget spent")
 
@@ -89,3 +93,30 @@ def test_without_cuda_the_check_refuses_and_points_to_the_dry_run(capsys):
         gpu_check.main([])
     err = capsys.readouterr().err
     assert "no CUDA GPU here" in err and "--dry-run" in err
+
+
+@pytest.mark.slow
+def test_main_writes_every_stage_with_the_cases_run_tiny_on_the_cpu(monkeypatch, tmp_path):
+    """The GPU run's control flow with CUDA faked: every timing case of every size and every detector design
+    runs (tiny, on the CPU) and lands in the results file."""
+    import gpu_cases as G
+
+    monkeypatch.setattr(gpu_check, "have_cuda", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "fake GPU")
+    monkeypatch.setattr(T, "TOKENS", (4, 16))
+    vit_cases, detector_step = T.vit_cases, T.detector_step
+    monkeypatch.setattr(T, "vit_cases", lambda encs, tokens, device: vit_cases(encs[:2], tokens, "cpu", tiny=True))
+    monkeypatch.setattr(T, "detector_step", lambda d, op, device: detector_step(d, op, "cpu", tiny=True))
+    real_time = T.time_cases
+    monkeypatch.setattr(T, "time_cases", lambda cases, **kw: real_time(cases, **{**kw, "device": "cpu", "rounds": 1}))
+    out = tmp_path / "gpu_check.md"
+    assert gpu_check.main(["--skip-tier", "--out", str(out), "--commit", "feedbee"]) == 0
+    text = out.read_text()
+    assert "- device: fake GPU" in text and "- commit: feedbee" in text
+    assert text.count("| vispe ") == 2 * 2 and text.count("| timm ") == 2 * len(T.TIMM)  # two sizes
+    assert "### 4 tokens" in text and "### 16 tokens" in text
+    for op, designs in G.detector_designs().items():
+        for d in designs:
+            assert re.search(rf"^\| {d} \({op}\) \| \d+\.\d \| ", text, re.M), (d, op)
+
