@@ -43,8 +43,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vispe import _checks, lie
+from vispe import _checks, _tracing, lie
 from vispe.image._blocks import BlockRotaryBase
+from vispe.kernels.rope_blocks import Commuting
+from vispe.kernels.rope_commuting import skew_schur
 from vispe.registry import register
 
 VARIANTS = ("ld", "ap")
@@ -104,6 +106,8 @@ class ComRoPE(BlockRotaryBase):
 
     def angles(self, coords: torch.Tensor, s: torch.Tensor | None = None) -> torch.Tensor:
         """Block rotations exp(y A_y) exp(x A_x), per distinct y and x.  # (B|1, heads, N, nb, b, b)"""
+        if self._factored:  # exp(t B), t = y m_y + x m_x per block, in B's Schur basis
+            return self._commuting(coords)
         A = self.axis_generators().to(coords.device)  # (H, 2, nb, b, b)
         Bc, N, _ = coords.shape
         if self.block_size == 2:  # commuting planes: a rotation by -(y u_y + x u_x)
@@ -112,11 +116,30 @@ class ComRoPE(BlockRotaryBase):
         R = self._combine(self._along(flat[:, 0], A, 0), self._along(flat[:, 1], A, 1))  # (M, H, nb, b, b)
         return R.view(Bc, N, *R.shape[1:]).transpose(1, 2)  # (B|1, H, N, nb, b, b)
 
+    def factorable(self) -> bool:  # eigh is not recorded by the ONNX exporter: blocks while tracing
+        return self.block_size > 2 and not _tracing.is_tracing()
+
+    def axis_weights(self) -> torch.Tensor:
+        """A_k = weight[k, j] B per block j: ``multiplier`` ("ld") or the axis of each block ("ap").  # (2, nb)"""
+        if self.variant == "ld":
+            return self.multiplier.float()
+        axis = torch.arange(self.head_dim // self.block_size, device=self.upper.device) % 2  # (nb,)
+        return (axis[None, :] == torch.arange(2, device=axis.device)[:, None]).float()
+
+    def _commuting(self, coords: torch.Tensor) -> Commuting | None:
+        """The factored form ``exp(t B)`` of ``coords`` (B|1, N, 2) (None: a degenerate B, use blocks)."""
+        B = lie.skew_from_upper(self.upper.float()).to(coords.device)  # (H, nb, b, b)
+        Q, w, ok = skew_schur(B)
+        if not bool(ok.all()):
+            return None
+        t = torch.matmul(coords, self.axis_weights().to(coords.device))  # (B|1, N, nb)
+        return Commuting(t[:, None], B, (Q, w))
+
     def grid_angles(self, shape, mask, device) -> torch.Tensor:
         """The grid's rotations from its rows and columns when its coordinates are separable (no
         padding mask: a padded column counts y from 0; no per-token jitter).  # (B|1, heads, N, nb, b, b)"""
         coords, _ = self.token_coords(shape, mask, device)  # (B|1, N, 2); scaling is "none" here
-        if mask is not None or self.block_size == 2 or (self.jitter and self._augmenting()):
+        if self._factored or mask is not None or self.block_size == 2 or (self.jitter and self._augmenting()):
             return self.angles(coords * self.scale)
         h, w = shape
         c = coords.unflatten(1, (h, w)) * self.scale  # (B|1, h, w, 2): y by row, x by column

@@ -52,11 +52,25 @@ import math
 import torch
 from torch import nn
 
-from vispe import _checks, lie
+from vispe import _checks, _tracing, lie
 from vispe.image._blocks import BlockRotaryBase
+from vispe.kernels.rope_blocks import Recomputed
 from vispe.registry import register
 
 COORDS = ("liere", "normalized", "index", "centered")
+
+
+def rotations(coords: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
+    """exp(y A_y + x A_x) of ``coords`` (B|1, N, 2) with the generators of ``raw`` (H|1, 2, nb, b, b),
+    once per distinct coordinate.  # (B|1, H|1, N, nb, b, b)"""
+    A = lie.skew_from_upper(raw.float())  # (H, 2, nb, b, b)
+    Bc, N, _ = coords.shape
+
+    def exps(v: torch.Tensor) -> torch.Tensor:  # (U, 2) -> (U, H, nb, b, b)
+        return lie.expm(torch.einsum("uk,hkjab->uhjab", v, A), normal=True)
+
+    R = lie.per_value(coords.reshape(Bc * N, 2), exps)  # (B*N, H, nb, b, b)
+    return R.view(Bc, N, *R.shape[1:]).transpose(1, 2)
 
 
 @register("liere")
@@ -112,16 +126,16 @@ class LieRE(BlockRotaryBase):
     def angles(self, coords: torch.Tensor, s: torch.Tensor | None = None) -> torch.Tensor:
         """Block rotations exp(y A_y + x A_x) of ``coords`` (B|1, N, 2), once per distinct coordinate.
         # (B|1, heads|1, N, nb, b, b); angles (B|1, heads|1, N, head_dim/2) for block_size 2"""
-        A = self.generator_matrices().to(coords.device)  # (H, 2, nb, b, b)
-        Bc, N, _ = coords.shape
         if self.block_size == 2:  # exp of [[0, u], [-u, 0]] is a rotation by -u
+            A = self.generator_matrices().to(coords.device)  # (H, 2, nb, 2, 2)
             return -torch.einsum("bnk,hkj->bhnj", coords, A[..., 0, 1])  # (B|1, H, N, nb)
+        raw = self.generators.to(coords.device)
+        if self._factored:  # the same blocks, rebuilt in backward (vispe.kernels.rope_blocks)
+            return Recomputed(rotations, (coords, raw))
+        return rotations(coords, raw)
 
-        def rotations(v: torch.Tensor) -> torch.Tensor:  # (U, 2) -> (U, H, nb, b, b)
-            return lie.expm(torch.einsum("uk,hkjab->uhjab", v, A))
-
-        R = lie.per_value(coords.reshape(Bc * N, 2), rotations)  # (B*N, H, nb, b, b)
-        return R.view(Bc, N, *R.shape[1:]).transpose(1, 2)  # (B|1, H, N, nb, b, b)
+    def factorable(self) -> bool:  # checkpointing is eager's: the recorded graph keeps what it keeps
+        return self.block_size > 2 and not _tracing.is_tracing()
 
     # --- checkpoints: the generators are built for the coordinates of ``grid`` -----------------
     def table_grid(self):

@@ -52,6 +52,7 @@ from vispe.axis.rope import apply_rope, half_to_interleaved
 from vispe.axis.rope_scaling import yarn_frequencies
 from vispe.image._blocks import BlockRotaryBase
 from vispe.image.rope_mixed import mixed_init
+from vispe.kernels.rope_blocks import Conjugated
 from vispe.registry import register
 
 VARIANTS = ("cayley", "circulant")
@@ -133,6 +134,9 @@ class STRING(BlockRotaryBase):
             self.c = nn.Parameter(torch.randn(num_heads, 2, head_dim // self.block_size, self.block_size // 2 - 1)
                                   * (self.circulant_std * 2 ** 0.5))  # (heads, 2, nb, b/2 - 1), y then x
 
+    def factorable(self) -> bool:  # RoPE(p) P: plain products, also while torch.compile / export record
+        return not self.folded
+
     @property
     def block_size(self) -> int:  # a folded STRING is RoPE: angles
         return 2 if self.folded else self._block
@@ -175,6 +179,9 @@ class STRING(BlockRotaryBase):
         ang = torch.matmul(coords[:, None], f.transpose(-1, -2))  # (B|1, H, N, pairs)
         if self.folded:
             return ang
+        if self._factored:  # R(p) = RoPE(p) P without a matrix per token (vispe.kernels.rope_blocks)
+            return Conjugated(self.zero_rotation(coords.device), ang,
+                              self.layout if self.variant == "cayley" else "interleaved")
         if self.variant == "cayley":
             P = self.basis(coords.device)  # (H, d, d)
             rows = P.transpose(-1, -2)[None, :, None]  # (1, H, 1, d, d): columns of P as rows
