@@ -154,8 +154,9 @@ def test_commuting_gradient_equals_autograd_of_the_matrix_exponential_in_float64
 
 
 def test_expm_squarings_come_from_the_norm_and_match_torch():
-    """The squarings follow a bound on each matrix's norm (fewer with the tighter ``normal`` bound of a
-    skew-symmetric matrix), and the result matches torch.linalg.matrix_exp at every scale."""
+    """The squarings follow a bound on the norm (fewer with the tighter ``normal`` bound of a
+    skew-symmetric matrix, or a caller's bound), not a fixed 16, and the result matches
+    torch.linalg.matrix_exp at every scale, eager and as recorded (per-matrix masked rounds)."""
     from unittest import mock
 
     from vispe import lie
@@ -163,14 +164,18 @@ def test_expm_squarings_come_from_the_norm_and_match_torch():
     torch.manual_seed(0)
     a = lie.skew(torch.randn(30, 16, 16)) * torch.logspace(-3, 1, 30)[:, None, None]  # |a|_inf up to ~200
     want = torch.linalg.matrix_exp(a.double())
-    for normal in (False, True):
-        torch.testing.assert_close(lie.expm(a, normal=normal).double(), want, rtol=0, atol=3e-5)
-    counts = {}
-    for normal in (False, True):
-        with mock.patch.object(torch, "where", wraps=torch.where) as where:
-            lie.expm(a[-1:], normal=normal)
-        counts[normal] = where.call_count
-    bound = a[-1].abs().sum(-1).max()
-    assert counts[False] == int(torch.ceil(torch.log2(bound / lie.SCALED_NORM)))  # from |a|_inf, not 16
-    assert counts[True] < counts[False]
-    assert lie.expm(a[:1] * 0, normal=True).allclose(torch.eye(16))  # norm 0: no squaring
+    for kw in (dict(normal=False), dict(normal=True), dict(bound=float(torch.linalg.matrix_norm(a, ord=2).max()))):
+        torch.testing.assert_close(lie.expm(a, **kw).double(), want, rtol=0, atol=3e-5)
+    with mock.patch("vispe._tracing.is_tracing", return_value=True):
+        torch.testing.assert_close(lie.expm(a).double(), want, rtol=0, atol=3e-5)
+    inf = a.abs().sum(-1).amax()
+    plain = lie.squarings(a)
+    assert plain == int(torch.ceil(torch.log2(inf / lie.SCALED_NORM))) < lie.MAX_SQUARINGS
+    assert lie.squarings(a, normal=True) < plain
+    assert lie.squarings(a[:3]) < plain  # small matrices alone: fewer
+    assert lie.squarings(a, bound=1.0) == 0 and lie.squarings(a * 0, normal=True) == 0
+    calls = []
+    with mock.patch.object(torch, "matmul", wraps=torch.matmul) as mm:
+        lie.expm(a, normal=True)
+        calls.append(mm.call_count)
+    assert calls[0] == 2 + 5 + lie.squarings(a, normal=True)  # the bound's a^2, a^4; x^2, x^3, x^4, 2 Horner

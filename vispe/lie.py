@@ -8,8 +8,9 @@ skew-symmetric generators ``A_k`` (block-diagonal, blocks of ``b`` channels). He
 * ``expm(a)``: the exponential of a batch of square matrices by scaling and squaring of a degree-12
   Taylor polynomial (Paterson-Stockmeyer, 5 products), written with matmul / where only, so
   torch.export and the ONNX exporter record it (``torch.linalg.matrix_exp`` has no ONNX form); each
-  matrix gets its own number of squarings from a bound on its norm (``ceil(log2(bound / 1.5))``;
-  ``normal=True`` for skew-symmetric generators tightens the bound through ``|a^2|`` and ``|a^4|``),
+  batch gets one number of squarings from a bound on its norms (``ceil(log2(bound / 1.5))``;
+  ``normal=True`` for skew-symmetric generators tightens it through ``|a^2|`` and ``|a^4|``; a
+  caller may pass its own bound), each matrix its own while tracing (``MAX_SQUARINGS`` masked rounds),
   float32 accuracy against ``torch.linalg.matrix_exp`` about 1e-6 for ``|a| < 10``, 2e-5 up to
   ~60 (tests/test_image_rotary_blocks.py, tests/test_rope_blocks_factored.py);
 * ``cayley(s)``: ``(I - s)(I + s)^-1``, orthogonal for skew-symmetric ``s`` (STRING);
@@ -62,42 +63,64 @@ def _squarings(bound: torch.Tensor) -> torch.Tensor:
     return s.clamp(min=0, max=MAX_SQUARINGS)
 
 
-def expm(a: torch.Tensor, *, normal: bool = False) -> torch.Tensor:
+def squarings(a: torch.Tensor, *, normal: bool = False, bound: float | None = None) -> int:
+    """The number of squarings eager ``expm`` takes for the batch ``a`` (..., b, b): from ``bound``
+    when given (an upper bound on every matrix's spectral norm), else from the largest of the
+    matrices' norm bounds (``|a|_inf``; for ``normal`` the smaller of that, ``|a^2|_inf^(1/2)`` and
+    ``|a^4|_inf^(1/4)``)."""
+    if not a.numel():
+        return 0
+    with torch.no_grad():
+        if bound is not None:
+            top = torch.tensor(float(bound))
+        else:
+            top = _inf_norm(a)
+            if normal:
+                a2 = torch.matmul(a, a)
+                top = torch.minimum(top, torch.minimum(_inf_norm(a2).sqrt(), _inf_norm(torch.matmul(a2, a2)).sqrt().sqrt()))
+            top = top.max()
+        return int(_squarings(top))
+
+
+def expm(a: torch.Tensor, *, normal: bool = False, bound: float | None = None) -> torch.Tensor:
     """``exp(a)`` of square matrices ``a`` (..., b, b), by scaling and squaring.  # a.shape
 
-    The number of squarings is chosen per matrix from a bound on its norm: ``|a|_inf``, and for
-    ``normal=True`` (skew-symmetric generators: ``|a|_2 = |a^k|_2^(1/k)``) the smaller of that,
-    ``|a^2|_inf^(1/2)`` and ``|a^4|_inf^(1/4)``, from the powers the polynomial needs anyway (for a
-    random skew-symmetric 64 x 64 generator about a third of the infinity norm: 1 to 2 squarings
-    fewer). Differentiable (autograd through the products), recorded by torch.export /
-    torch.compile (``MAX_SQUARINGS`` rounds there, each matrix squared only its own number of times)."""
+    Eager: every matrix of the batch is scaled by the same power of two, ``squarings(a, normal=,
+    bound=)`` (a bound on the norm: ``|a|_inf``; ``normal=True`` for skew-symmetric generators,
+    where ``|a|_2 = |a^k|_2^(1/k)``, takes the smaller of that, ``|a^2|_inf^(1/2)`` and
+    ``|a^4|_inf^(1/4)``; a caller that knows a bound, LieRE's ``|y| |A_y|_2 + |x| |A_x|_2``, passes
+    it and no norm is computed per matrix), then squared that many times: no per-matrix selection
+    (``torch.where`` copies as much memory as a product). While torch.compile / torch.export record:
+    each matrix its own count (``|a|_inf``) in ``MAX_SQUARINGS`` masked rounds. Differentiable
+    (autograd through the products)."""
     if a.shape[-1] != a.shape[-2]:
         raise ValueError(f"a has shape {tuple(a.shape)}: expected square matrices (..., b, b)")
-    a2 = torch.matmul(a, a)
-    a4 = torch.matmul(a2, a2)
-    with torch.no_grad():
-        bound = _inf_norm(a)
-        if normal:
-            bound = torch.minimum(bound, torch.minimum(_inf_norm(a2).sqrt(), _inf_norm(a4).sqrt().sqrt()))
-        s = _squarings(bound)  # (...,)
-    f = torch.exp2(-s)[..., None, None]  # (..., 1, 1) exact powers of two
-    x, x2, x4 = a * f, a2 * (f * f), a4 * (f * f).square()  # (..., b, b) norm <= SCALED_NORM
+    tracing = _tracing.is_tracing()
+    if tracing:
+        per = _squarings(_inf_norm(a.detach()))  # (...,)
+        x = a * torch.exp2(-per)[..., None, None]
+    else:
+        rounds = squarings(a, normal=normal, bound=bound)
+        x = a * 2.0 ** -rounds
+    x2 = torch.matmul(x, x)
     x3 = torch.matmul(x2, x)
-    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    x4 = torch.matmul(x2, x2)
     c = [1.0 / math.factorial(k) for k in range(TAYLOR_DEGREE + 1)]
 
-    def block(i: int) -> torch.Tensor:  # sum_j c_(4i+j) x^j, j < 4
-        return c[4 * i] * eye + c[4 * i + 1] * x + c[4 * i + 2] * x2 + c[4 * i + 3] * x3
+    def block(i: int) -> torch.Tensor:  # sum_j c_(4i+j) x^j, j < 4 (one new tensor)
+        out = (x3 * c[4 * i + 3]).add_(x2, alpha=c[4 * i + 2]).add_(x, alpha=c[4 * i + 1])
+        out.diagonal(dim1=-2, dim2=-1).add_(c[4 * i])
+        return out
 
-    e = block(2) + c[12] * x4
-    e = block(1) + torch.matmul(x4, e)
-    e = block(0) + torch.matmul(x4, e)
-    if _tracing.is_tracing():
-        rounds = MAX_SQUARINGS
-    else:
-        rounds = int(s.max()) if s.numel() else 0
-    for i in range(rounds):
-        e = torch.where((s > i)[..., None, None], torch.matmul(e, e), e)
+    e = block(2).add_(x4, alpha=c[12])
+    e = torch.matmul(x4, e).add_(block(1))  # Horner in x^4
+    e = torch.matmul(x4, e).add_(block(0))
+    if tracing:
+        for i in range(MAX_SQUARINGS):
+            e = torch.where((per > i)[..., None, None], torch.matmul(e, e), e)
+        return e
+    for _ in range(rounds):
+        e = torch.matmul(e, e)
     return e
 
 

@@ -66,8 +66,15 @@ def rotations(coords: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
     A = lie.skew_from_upper(raw.float())  # (H, 2, nb, b, b)
     Bc, N, _ = coords.shape
 
+    bound = None
+    if not _tracing.is_tracing():  # |y A_y + x A_x|_2 <= |y| |A_y|_2 + |x| |A_x|_2: no norm per token
+        with torch.no_grad():
+            sigma = torch.linalg.matrix_norm(A.double(), ord=2)  # (H, 2, nb)
+            bound = float((coords.abs().reshape(-1, 2).amax(0).double() * sigma.transpose(1, -1)).sum(-1).max()) \
+                if coords.numel() else 0.0
+
     def exps(v: torch.Tensor) -> torch.Tensor:  # (U, 2) -> (U, H, nb, b, b)
-        return lie.expm(torch.einsum("uk,hkjab->uhjab", v, A), normal=True)
+        return lie.expm(torch.einsum("uk,hkjab->uhjab", v, A), normal=True, bound=bound)
 
     R = lie.per_value(coords.reshape(Bc * N, 2), exps)  # (B*N, H, nb, b, b)
     return R.view(Bc, N, *R.shape[1:]).transpose(1, 2)
