@@ -127,18 +127,25 @@ class ComRoPE(BlockRotaryBase):
         return (axis[None, :] == torch.arange(2, device=axis.device)[:, None]).float()
 
     def _commuting(self, coords: torch.Tensor) -> Commuting | None:
-        """The factored form ``exp(t B)`` of ``coords`` (B|1, N, 2) (None: a degenerate B, use blocks)."""
+        """The factored form ``exp(t B)`` of ``coords`` (B|1, N, 2), or of a separable grid's (B|1, h, w, 2)
+        (y by row, x by column: ``grid`` (ty, tx)); None: a degenerate B, use the blocks."""
         B = lie.skew_from_upper(self.upper.float()).to(coords.device)  # (H, nb, b, b)
         Q, w, ok = skew_schur(B)
         if not bool(ok.all()):
             return None
-        t = torch.matmul(coords, self.axis_weights().to(coords.device))  # (B|1, N, nb)
-        return Commuting(t[:, None], B, (Q, w))
+        M = self.axis_weights().to(coords.device)  # (2, nb)
+        if coords.dim() == 4:  # t = y m_y + x m_x = ty[row] + tx[col]
+            ty = coords[:, :, 0, :1] * M[0]  # (B|1, h, nb)
+            tx = coords[:, 0, :, 1:] * M[1]  # (B|1, w, nb)
+            return Commuting(None, B, (Q, w), (ty[:, None], tx[:, None]))
+        return Commuting(torch.matmul(coords, M)[:, None], B, (Q, w))  # t (B|1, 1, N, nb)
 
     def grid_angles(self, shape, mask, device) -> torch.Tensor:
         """The grid's rotations from its rows and columns when its coordinates are separable (no
         padding mask: a padded column counts y from 0; no per-token jitter).  # (B|1, heads, N, nb, b, b)"""
         coords, _ = self.token_coords(shape, mask, device)  # (B|1, N, 2); scaling is "none" here
+        if self._factored and mask is None and not (self.jitter and self._augmenting()):
+            return self._commuting(coords.unflatten(1, shape) * self.scale)
         if self._factored or mask is not None or self.block_size == 2 or (self.jitter and self._augmenting()):
             return self.angles(coords * self.scale)
         h, w = shape

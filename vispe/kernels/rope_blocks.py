@@ -61,10 +61,15 @@ class Conjugated(NamedTuple):
 
 class Commuting(NamedTuple):
     """``R(p) = exp(t B)`` per block (ComRoPE): t (B|1, H|1, N, nb), B (H, nb, b, b) skew-symmetric,
-    basis (Q, w) its real Schur form (``vispe.kernels.rope_commuting.skew_schur``)."""
-    t: torch.Tensor
+    basis (Q, w) its real Schur form (``vispe.kernels.rope_commuting.skew_schur``); on a grid whose
+    scalars separate, ``grid`` (ty, tx) (B|1, H|1, h|w, nb) with ``t = ty[row] + tx[col]`` (t is None)."""
+    t: torch.Tensor | None
     B: torch.Tensor
     basis: tuple[torch.Tensor, torch.Tensor]
+    grid: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def tokens(self) -> int:
+        return self.grid[0].shape[-2] * self.grid[1].shape[-2] if self.grid is not None else self.t.shape[-2]
 
 
 class Recomputed(NamedTuple):
@@ -159,6 +164,8 @@ def apply_factors(x: torch.Tensor, f, num_prefix_tokens: int, layout: str) -> to
         learn = angles.requires_grad and torch.is_grad_enabled()
         return rope.rotate(y, cos, sin, f.layout, angles=angles if learn else None).to(x.dtype)
     if isinstance(f, Commuting):
+        if f.grid is not None:
+            return commuting_rotate(x, None, f.B, layout, f.basis, grid=f.grid, num_prefix_tokens=P)
         t = F.pad(f.t, (0, 0, P, 0)) if P else f.t  # (B|1, H|1, P+N, nb) prefix: t = 0
         return commuting_rotate(x, t, f.B, layout, f.basis)
     if isinstance(f, Recomputed):
@@ -198,9 +205,9 @@ def rotate_qk(pe, qk: torch.Tensor, shape, mask=None, num_prefix_tokens: int = 0
     _checks.choice("method", method, METHODS)
     f = factors_for(pe, shape, mask, num_prefix_tokens, qk.device) if method == "auto" else None
     if f is not None:
-        n = (f.angles if isinstance(f, Conjugated) else f.t if isinstance(f, Commuting) else None)
-        if n is not None and n.shape[-2] + num_prefix_tokens != qk.shape[-2]:
-            raise ValueError(f"the encoding gives {n.shape[-2]} token rotations: expected "
+        n = (f.angles.shape[-2] if isinstance(f, Conjugated) else f.tokens() if isinstance(f, Commuting) else None)
+        if n is not None and n + num_prefix_tokens != qk.shape[-2]:
+            raise ValueError(f"the encoding gives {n} token rotations: expected "
                              f"{qk.shape[-2] - num_prefix_tokens} (grid {tuple(shape)} + {num_prefix_tokens} "
                              "prefix tokens)")
         return apply_factors(qk, f, num_prefix_tokens, pe.layout)
