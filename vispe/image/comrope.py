@@ -25,14 +25,20 @@ leaves prefix tokens unrotated (``vispe.encoding``), which is what its other rot
 The block size of the paper's tables was not read here (the reference's config default is 2, where
 ComRoPE is RoPE with learned frequencies); 8 is a choice, documented as such.
 
-Cost: the blocks commute, so ``R(y, x) = exp(y A_y) exp(x A_x)``: exponentials are taken once per
-row and once per column of a grid (h + w instead of h w) and the two factors multiplied per token
-("ld"); with "ap" each block depends on one axis only and needs no product. On a grid without a
-padding mask or per-token jitter the coordinates are separable (y by row, x by column) and the
-factors come from the rows and columns directly, the same under torch.compile and torch.export;
-otherwise (a padded batch, jitter, ``at``) once per distinct y and x in eager mode
-(``vispe.lie.per_value``) and per token while tracing. In eval mode without gradients the rotations
-of a grid are cached (``vispe.image._blocks``). b = 2 returns angles.
+Cost (issue 52): ``A_k = m_k B`` (for "ap", m one-hot per block), so ``R(y, x) = exp(t B)`` with
+``t = y m_y + x m_x`` a scalar per token and block. In eager mode the rotation is computed in B's
+real Schur basis, ``Q RoPE(t w) Q^T`` (``vispe.kernels.rope_commuting``: ``torch.linalg.eigh`` of
+``i B``, b x b per head and block, in float64), with its own backward: the gradient of B is the
+adjoint Frechet derivative of exp in closed form (sinc of half sums and differences of the angles,
+so equal or zero frequencies divide by nothing), on a grid summed per row and per column first
+(``exp(tB) = exp(t_y B) exp(t_x B)``); nothing per token is kept but q and k in the Schur basis.
+Values and gradients equal the block rotations' (tests/test_rope_blocks_factored.py).
+The block rotations (``method="blocks"``, and the path while torch.compile / torch.export record:
+the ONNX exporter has no eigh): exponentials once per row and once per column of a grid (h + w
+instead of h w) multiplied per token ("ld"; "ap" takes each block from its axis), from the rows and
+columns directly on a grid without padding mask or per-token jitter, otherwise once per distinct y
+and x in eager mode (``vispe.lie.per_value``) and per token while tracing. In eval mode without
+gradients the rotations of a grid are cached (``vispe.image._blocks``). b = 2 returns angles.
 
 Grid change: recomputed at any (h, w); with unit coordinates a larger grid is a finer sampling of
 the same (0, 1) range. No resolution ``scaling`` (nothing to scale in unit coordinates).

@@ -31,9 +31,13 @@ commute) ``R(p)^T R(p') = R(p' - p)`` and logits depend on offsets only; with la
 Cost: the reference exponentiates one matrix per token and step. Here the exponential is taken once
 per *distinct* coordinate of the batch (``vispe.lie.per_value``: a padded batch of B images
 exponentiates each valid-extent grid once, not B times), by scaling and squaring
-(``vispe.lie.expm``, which also exports to ONNX), and in eval mode without gradients the rotations
-of a grid are cached (``vispe.image._blocks``); b = 2 needs no exponential. ``bench/rope_blocks.py``
-measures the saving against ``torch.linalg.matrix_exp`` per token.
+(``vispe.lie.expm``, which also exports to ONNX: a degree-12 Taylor polynomial in 5 products, the
+squarings chosen from ``|y| |A_y|_2 + |x| |A_x|_2``, the largest over the batch), and in eval mode
+without gradients the rotations of a grid are cached (``vispe.image._blocks``); b = 2 needs no
+exponential. In training (eager) the blocks are rebuilt in backward instead of kept
+(``vispe.kernels.rope_blocks.Recomputed``, activation checkpointing of the rotation only, issue 52):
+the generators do not commute, so there is no eigenbasis to rotate in, and what autograd would keep
+is every product of every token's exponential. ``bench/rope_blocks.py`` measures both.
 
 Grid change: rotations are recomputed at any (h, w). ``grid`` is recorded in the state_dict
 (``table_grid``); a checkpoint saved for another grid is loaded by rescaling each axis's generator

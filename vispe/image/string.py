@@ -32,6 +32,14 @@ pairing) and P is stored in rotate-half order (``layout="interleaved"`` permutes
 checkpoint moves between layouts as RoPE's does; "circulant" takes ``layout="interleaved"``
 (consecutive blocks, each in its own Fourier basis).
 
+Cost (issue 52): in training the rotations are never materialised: ``factors`` gives P and the
+angles (``vispe.kernels.rope_blocks.Conjugated``) and the kernel computes ``RoPE(p) (P q)``: one
+(head_dim x head_dim) product per token shared by every token (for "circulant", F per block of b),
+then RoPE's rotation with learned angles (``vispe.kernels.rope.rotate``: its backward needs only
+the cos/sin tables and the output). Values and gradients equal the block rotations'
+(``rope_blocks.rotate_qk(..., method="blocks")``, tests/test_rope_blocks_factored.py). Also while
+torch.compile / torch.export record (plain products).
+
 Folding P at inference: P depends on no position, so ``q' = RoPE(p) (P q)`` and P can be
 multiplied into the q and k rows of the attention's projection once: ``fold_string_(model)`` does
 it for every STRING layer (exact, float32; refused where a q/k norm or a decoupled position
