@@ -107,14 +107,18 @@ def expm(a: torch.Tensor, *, normal: bool = False, bound: float | None = None) -
     x4 = torch.matmul(x2, x2)
     c = [1.0 / math.factorial(k) for k in range(TAYLOR_DEGREE + 1)]
 
-    def block(i: int) -> torch.Tensor:  # sum_j c_(4i+j) x^j, j < 4 (one new tensor)
-        out = (x3 * c[4 * i + 3]).add_(x2, alpha=c[4 * i + 2]).add_(x, alpha=c[4 * i + 1])
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+
+    def block(i: int) -> torch.Tensor:  # sum_j c_(4i+j) x^j, j < 4
+        if tracing:  # out of place: the ONNX exporter's functional graph has no in-place view update
+            return c[4 * i + 3] * x3 + c[4 * i + 2] * x2 + c[4 * i + 1] * x + c[4 * i] * eye
+        out = (x3 * c[4 * i + 3]).add_(x2, alpha=c[4 * i + 2]).add_(x, alpha=c[4 * i + 1])  # one new tensor
         out.diagonal(dim1=-2, dim2=-1).add_(c[4 * i])
         return out
 
-    e = block(2).add_(x4, alpha=c[12])
-    e = torch.matmul(x4, e).add_(block(1))  # Horner in x^4
-    e = torch.matmul(x4, e).add_(block(0))
+    e = block(2) + c[12] * x4
+    e = torch.matmul(x4, e) + block(1)  # Horner in x^4
+    e = torch.matmul(x4, e) + block(0)
     if tracing:
         for i in range(MAX_SQUARINGS):
             e = torch.where((per > i)[..., None, None], torch.matmul(e, e), e)
