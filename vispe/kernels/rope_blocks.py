@@ -167,7 +167,7 @@ def apply_factors(x: torch.Tensor, f, num_prefix_tokens: int, layout: str) -> to
         if f.grid is not None:
             return commuting_rotate(x, None, f.B, layout, f.basis, grid=f.grid, num_prefix_tokens=P)
         t = F.pad(f.t, (0, 0, P, 0)) if P else f.t  # (B|1, H|1, P+N, nb) prefix: t = 0
-        return commuting_rotate(x, t, f.B, layout, f.basis)
+        return commuting_rotate(x, t, f.B, layout, f.basis, num_prefix_tokens=P)
     if isinstance(f, Recomputed):
         def rotated(v: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
             with float32_math(v.device):

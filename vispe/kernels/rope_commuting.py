@@ -138,6 +138,8 @@ class _CommutingRotate(torch.autograd.Function):
         ang = (tw[..., None] * ww[:, None]).flatten(-2)  # (Bt, H, L, d/2)
         xh = torch.matmul(x.to(wd), Mw)  # (..., H, L, d) Schur coordinates, block order
         out = torch.matmul(_rot(xh, ang.cos(), ang.sin()), Mw.transpose(-1, -2)).to(x.dtype)
+        if P:  # prefix tokens: t = 0, exactly unrotated (Q Q^T would round)
+            out[..., :P, :] = x[..., :P, :]
         ctx.save_for_backward(xh, tw, ty, tx, Mw, Qw, ww)  # xh, not x: one product less in backward
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.B_dtype, ctx.P, ctx.t_dtype = B.dtype, P, (t if t is not None else ty).dtype
@@ -154,7 +156,10 @@ class _CommutingRotate(torch.autograd.Function):
         gh = torch.matmul(g.to(wd), M)  # (..., H, L, d)
         gx = gt = gty = gtx = gB = None
         if ctx.needs_input_grad[0]:
-            gx = _sum_to(torch.matmul(_rot(gh, cos, sin, -1.0), M.transpose(-1, -2)), ctx.x_shape).to(ctx.x_dtype)
+            gx = torch.matmul(_rot(gh, cos, sin, -1.0), M.transpose(-1, -2))
+            if P:
+                gx[..., :P, :] = g[..., :P, :]
+            gx = _sum_to(gx, ctx.x_shape).to(ctx.x_dtype)
         if any(ctx.needs_input_grad[1:4]):  # g^ . B^ x'^ = sum_k w_k (g2 x'1 - g1 x'2)
             xr = _rot(xh, cos, sin)
             cross = (gh[..., 1::2] * xr[..., 0::2]).sub_(gh[..., 0::2] * xr[..., 1::2])  # (..., H, L, d/2)
@@ -196,7 +201,8 @@ def commuting_rotate(x: torch.Tensor, t: torch.Tensor | None, B: torch.Tensor, l
     from ``skew_schur(B)`` when the caller has checked it (computed here otherwise). ``grid`` (ty, tx)
     (B|1, H|1, h|w, nb) instead of ``t``: the scalars of a grid, ``t = ty[row] + tx[col]`` for the
     last h w tokens and 0 for the ``num_prefix_tokens`` before (backward then sums per row and column
-    before the Frechet terms: h + w of them instead of h w).  # x.shape"""
+    before the Frechet terms: h + w of them instead of h w). The first ``num_prefix_tokens`` (t = 0
+    there) are returned as they are.  # x.shape"""
     nb, b = B.shape[-3], B.shape[-1]
     H = B.shape[0]
     Q, w = basis if basis is not None else skew_schur(B)[:2]
@@ -211,4 +217,4 @@ def commuting_rotate(x: torch.Tensor, t: torch.Tensor | None, B: torch.Tensor, l
         raise ValueError(f"x {tuple(x.shape)}, t {None if t is None else tuple(t.shape)}, B {tuple(B.shape)}: "
                          "expected x (..., nb * b), t (..., nb), B (H, nb, b, b)")
     t = t.expand(t.shape[0], H, *t.shape[2:])  # (B|1, H, L, nb): the Frechet sum is per head
-    return _CommutingRotate.apply(x, t, None, None, B, Q, w, layout, 0)
+    return _CommutingRotate.apply(x, t, None, None, B, Q, w, layout, num_prefix_tokens)
