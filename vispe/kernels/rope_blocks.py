@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from vispe import _checks, lie
+from vispe import _checks, _tracing, lie
 from vispe.coords import float32_math
 from vispe.kernels.rope_commuting import commuting_rotate
 
@@ -158,7 +158,7 @@ def apply_factors(x: torch.Tensor, f, num_prefix_tokens: int, layout: str) -> to
     if isinstance(f, Conjugated):
         from vispe.kernels import rope  # (rope imports this module lazily too)
 
-        y = apply_blocks(x.to(_work_dtype(x, f.P)), f.P[:, None], "interleaved")  # (..., L, d) P x
+        y = shared_product(x.to(_work_dtype(x, f.P)), f.P)  # (..., L, d) P x
         angles = F.pad(f.angles, (0, 0, P, 0)) if P else f.angles  # (B|1, H|1, P+N, d/2)
         cos, sin = rope.rope_tables(angles.detach())
         learn = angles.requires_grad and torch.is_grad_enabled()
@@ -179,6 +179,36 @@ def apply_factors(x: torch.Tensor, f, num_prefix_tokens: int, layout: str) -> to
             return rotated(x, *f.inputs)
         return checkpoint(rotated, x, *f.inputs, use_reentrant=False)
     raise ValueError(f"f={type(f).__name__}: expected Conjugated, Commuting or Recomputed")
+
+
+class _SharedProduct(torch.autograd.Function):
+    """``P x`` with P (H|1, nb, b, b) shared by every token; keeps ``x`` (a view of the qkv projection,
+    which the attention keeps anyway) for P's gradient, not a permuted copy."""
+
+    @staticmethod
+    def forward(ctx, x, P):
+        ctx.save_for_backward(x, P)
+        return apply_blocks(x, P[:, None], "interleaved")
+
+    @staticmethod
+    def backward(ctx, g):
+        x, P = ctx.saved_tensors
+        gx = apply_blocks(g, P.transpose(-1, -2)[:, None], "interleaved") if ctx.needs_input_grad[0] else None
+        gP = None
+        if ctx.needs_input_grad[1]:
+            nb, b = P.shape[-3], P.shape[-1]
+            gP = torch.einsum("...hljp,...hljq->hjpq", g.to(P.dtype).unflatten(-1, (nb, b)),
+                              x.to(P.dtype).unflatten(-1, (nb, b)))  # (H, nb, b, b)
+            gP = gP.sum(0, keepdim=True) if P.shape[0] == 1 else gP
+        return gx, gP
+
+
+def shared_product(x: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
+    """``x`` (..., H, L, d) times the block matrices P (H|1, nb, b, b) on consecutive channel blocks,
+    the same for every token (STRING's P).  # x.shape"""
+    if _tracing.is_tracing():  # plain autograd while torch.compile / torch.export record
+        return apply_blocks(x, P[:, None], "interleaved")
+    return _SharedProduct.apply(x, P)
 
 
 def factors_for(pe, shape, mask, num_prefix_tokens: int, device):
