@@ -55,7 +55,7 @@ def skew_schur(B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
 
 
 def dense_basis(Q: torch.Tensor, d: int, layout: str) -> torch.Tensor:
-    """The block-diagonal basis as one (d, d) matrix per head, M[c, j b + i] = Q[j][r, i] for the
+    """The block-diagonal basis as one (d, d) matrix per head, ``M[c, j b + i] = Q[j, r, i]`` for the
     channel c of slot (j, r) of ``vispe.lie.block_channels``: ``x @ M`` is every block's Schur
     coordinates in block order (plane k of block j on channels j b + 2k, j b + 2k + 1: RoPE's
     "interleaved" pairs), whatever ``layout`` groups the channels.  # (H, d, d)"""
