@@ -99,7 +99,9 @@ def apply_blocks(x: torch.Tensor, R: torch.Tensor, layout: str = "interleaved") 
         xg = xw.unflatten(-1, (b, d // b)).transpose(-1, -2)  # (..., L, nb, b): block j = channels j + i d/b
     out = _shared_matmul(R.to(wd), xg)  # (..., L, nb, b)
     out = out.flatten(-2) if layout == "interleaved" else out.transpose(-1, -2).flatten(-2)
-    return out.to(x.dtype)
+    # contiguous: the product leaves the shared dims (q/k, images) innermost, and attention on such
+    # strides takes scaled_dot_product_attention's math path, which keeps the (L, L) weights for backward
+    return out.to(x.dtype).contiguous()
 
 
 def _shared_matmul(R: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
