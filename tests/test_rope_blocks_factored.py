@@ -179,3 +179,22 @@ def test_expm_squarings_come_from_the_norm_and_match_torch():
         lie.expm(a, normal=True)
         calls.append(mm.call_count)
     assert calls[0] == 2 + 5 + lie.squarings(a, normal=True)  # the bound's a^2, a^4; x^2, x^3, x^4, 2 Horner
+
+
+def test_liere_in_eval_without_gradients_keeps_its_cached_blocks():
+    """Inference reuses the grid's cached rotations (no exponential per call), training rebuilds them."""
+    from unittest import mock
+
+    from vispe import lie
+
+    pe = _pe(LieRE, dict(block_size=8, grid=GRID)).eval()
+    qk = torch.randn(2, 1, H, 15, D)
+    with torch.no_grad():
+        want = rope_blocks.rotate_qk(pe, qk, GRID, method="blocks")
+        with mock.patch.object(lie, "expm", wraps=lie.expm) as expm:
+            got = rope_blocks.rotate_qk(pe, qk, GRID)
+        assert expm.call_count == 0  # served from the cache the blocks call filled
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert pe.factors(GRID, None, torch.device("cpu")) is not None  # gradients possible: rebuilt in backward
+    with torch.no_grad():
+        assert pe.factors(GRID, None, torch.device("cpu")) is None

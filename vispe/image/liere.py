@@ -145,8 +145,10 @@ class LieRE(BlockRotaryBase):
             return Recomputed(rotations, (coords, raw))
         return rotations(coords, raw)
 
-    def factorable(self) -> bool:  # checkpointing is eager's: the recorded graph keeps what it keeps
-        return self.block_size > 2 and not _tracing.is_tracing()
+    def factorable(self) -> bool:
+        """Rebuilt in backward only where there is a backward: not while frozen (eval without
+        gradients: the blocks, cached per grid) nor while tracing (the recorded graph keeps what it keeps)."""
+        return self.block_size > 2 and not _tracing.is_tracing() and self.frozen_key() is None
 
     # --- checkpoints: the generators are built for the coordinates of ``grid`` -----------------
     def table_grid(self):
