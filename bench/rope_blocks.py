@@ -1,6 +1,6 @@
 """Cost of the block-rotation and direction encodings (issue 38), two parts, each one interleaved run.
 
-    python bench/rope_blocks.py [--rounds 5] [--part step|exp|both]
+    python bench/rope_blocks.py [--rounds 5] [--part step|exp|both|issue52]
 
 ``step``: training-step time (forward + backward + AdamW) of a ViT with ``liere``, ``comrope``,
 ``string``, ``lookhere`` (defaults), ``none`` and ``rope_mixed``, at 64 tokens (32 x 32 px) and at
@@ -12,6 +12,11 @@ median over rounds of each step time divided by that round's ``none`` and ``rope
 14 x 14 valid tokens), the reference's way (``torch.linalg.matrix_exp`` of every token's generator,
 per image) against vispe's (``vispe.lie.expm`` once per distinct coordinate for LieRE, per distinct
 y and x for ComRoPE, no exponential for STRING), and vispe's in eval mode (rotations cached).
+
+``issue52``: issue 52's targets, at 1,024 and 4,096 tokens (batch 1): the training step of every
+registered variant of ``string``, ``comrope`` and ``liere`` over ``none``'s and ``rope_mixed``'s, and
+the bytes autograd keeps for backward over ``none``'s, each beside the same model through today's
+block rotations (``[blocks]``: ``rope_blocks.rotate_qk(method="blocks")``), in one interleaved run.
 
 Both in wall and CPU time (``bench/_common.py``); CPU time is the steadier on a shared machine.
 """
