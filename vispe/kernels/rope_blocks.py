@@ -30,8 +30,9 @@ applied without a matrix per token, through ``apply_factors``, with equal values
 * ``Recomputed(build, inputs)``: the blocks ``build(*inputs)`` (LieRE), applied under activation
   checkpointing: backward rebuilds them instead of keeping every exponential's intermediates.
 
-``pe.factors`` returns None where it cannot (ComRoPE, LieRE while torch.compile / torch.export
-record, a degenerate ComRoPE generator): the blocks are used then. The cost of the blocks is one
+``pe.factors`` returns None where it cannot or need not (ComRoPE and LieRE while torch.compile /
+torch.export record, a degenerate ComRoPE generator, LieRE while frozen: eval without gradients,
+where its cached blocks are cheaper than any exponential): the blocks are used then. The cost of the blocks is one
 b x b product per token, head and block (``head_dim * b`` multiply-adds per token and head,
 against ``2 head_dim`` for angles) plus building them; ``bench/rope_blocks.py`` measures both.
 """
