@@ -1,6 +1,6 @@
 """Cost of the block-rotation and direction encodings (issue 38), two parts, each one interleaved run.
 
-    python bench/rope_blocks.py [--rounds 5] [--part step|exp|both]
+    python bench/rope_blocks.py [--rounds 5] [--part step|exp|both|issue52]
 
 ``step``: training-step time (forward + backward + AdamW) of a ViT with ``liere``, ``comrope``,
 ``string``, ``lookhere`` (defaults), ``none`` and ``rope_mixed``, at 64 tokens (32 x 32 px) and at
@@ -12,6 +12,11 @@ median over rounds of each step time divided by that round's ``none`` and ``rope
 14 x 14 valid tokens), the reference's way (``torch.linalg.matrix_exp`` of every token's generator,
 per image) against vispe's (``vispe.lie.expm`` once per distinct coordinate for LieRE, per distinct
 y and x for ComRoPE, no exponential for STRING), and vispe's in eval mode (rotations cached).
+
+``issue52``: issue 52's targets, at 1,024 and 4,096 tokens (batch 1): the training step of every
+registered variant of ``string``, ``comrope`` and ``liere`` over ``none``'s and ``rope_mixed``'s, and
+the bytes autograd keeps for backward over ``none``'s, each beside the same model through today's
+block rotations (``[blocks]``: ``rope_blocks.rotate_qk(method="blocks")``), in one interleaved run.
 
 Both in wall and CPU time (``bench/_common.py``); CPU time is the steadier on a shared machine.
 """
@@ -118,11 +123,81 @@ def part_exp(rounds: int, iters: int) -> None:
             print(f"{key:55s} {wall:8.1f} {cpu:8.1f} {ratio(times, ref, key):11.1f}   ({ratio(times, ref, key, 'cpu'):.1f})")
 
 
+ISSUE52 = ["none", "rope_mixed", "string", "string:circulant", "comrope", "comrope:ap", "liere"]
+
+
+def _vit(pe: str, px: int):
+    name, _, variant = pe.partition(":")
+    kw = {"pe_kwargs": {"variant": variant}} if variant else {}
+    return create_vit("vit_pico", pe=name, embed_dim=192, num_heads=3, depth=2, img_size=px, patch_size=4,
+                      num_classes=10, **kw)
+
+
+def _blocks(step):
+    """``step`` with today's block rotations (``rope_blocks.rotate_qk(method="blocks")``)."""
+    from vispe.kernels import rope_blocks
+
+    plain = rope_blocks.rotate_qk
+
+    def run():
+        rope_blocks.rotate_qk = lambda *a, **k: plain(*a, **k, method="blocks")
+        try:
+            step()
+        finally:
+            rope_blocks.rotate_qk = plain
+    return run
+
+
+def saved_bytes(step_model, x, y) -> int:
+    """Bytes of the distinct storages autograd keeps for backward in one training forward."""
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = torch.nn.functional.cross_entropy(step_model(x), y)
+    loss.backward()
+    return sum(seen.values())
+
+
+def part_issue52(rounds: int, iters: int) -> None:
+    """Issue 52's targets: training step over rope_mixed's and none's, tensors saved for backward over
+    none's, at 1,024 and 4,096 tokens, batch 1; "[blocks]" rows: today's block rotations."""
+    from vispe.kernels import rope_blocks
+
+    has_blocks = hasattr(rope_blocks, "METHODS")
+    for px in (128, 256):
+        torch.manual_seed(0)
+        x, y = torch.randn(1, 3, px, px), torch.randint(0, 10, (1,))
+        fns, saved = {}, {}
+        for pe in ISSUE52:
+            m = _vit(pe, px)
+            saved[pe] = saved_bytes(m, x, y)
+            fns[pe] = train_step(m, x, y)
+            if has_blocks and pe not in ("none", "rope_mixed"):
+                fns[pe + " [blocks]"] = _blocks(train_step(m, x, y))
+                saved[pe + " [blocks]"] = 0
+                _blocks(lambda m=m, k=pe + " [blocks]": saved.__setitem__(k, saved_bytes(m, x, y)))()
+        times = interleaved(fns, rounds, iters)
+        n = (px // 4) ** 2
+        print(f"\n## issue 52: training step and saved tensors, {n} tokens (+1 class), batch 1, dim 192, 3 x 64, depth 2")
+        print(f"{'encoding':24s} {'ms/step':>9s} {'/ none':>7s} {'/ rope_mixed':>13s} {'saved MiB':>10s} {'/ none':>7s}"
+              "   (cpu ratios)")
+        for pe in fns:
+            w = sorted(t[0] for t in times[pe])[len(times[pe]) // 2] * 1e3
+            print(f"{pe:24s} {w:9.1f} {ratio(times, pe, 'none'):7.2f} {ratio(times, pe, 'rope_mixed'):13.2f} "
+                  f"{saved[pe] / 2**20:10.1f} {saved[pe] / saved['none']:7.2f}   "
+                  f"({ratio(times, pe, 'none', 'cpu'):.2f}, {ratio(times, pe, 'rope_mixed', 'cpu'):.2f})")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=1)
-    ap.add_argument("--part", default="both", choices=["step", "exp", "both"])
+    ap.add_argument("--part", default="both", choices=["step", "exp", "both", "issue52"])
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
     if args.threads:
@@ -132,6 +207,8 @@ def main(argv=None) -> None:
         part_exp(args.rounds, args.iters)
     if args.part in ("step", "both"):
         part_step(args.rounds, args.iters)
+    if args.part == "issue52":
+        part_issue52(args.rounds, args.iters)
     print(f"\n(load average at the end: {machine().rsplit('load average ', 1)[-1]})")
 
 

@@ -39,7 +39,9 @@ def test_grid_rotations_come_from_rows_and_columns_and_equal_the_per_token_ones(
     coords, _ = pe.token_coords(GRID, None, torch.device("cpu"))  # (1, N, 2)
     per_token, token_sizes = _exponentials(pe.angles, coords * pe.scale, tracing=True)
     assert token_sizes == [15, 15]  # what tracing computed before
-    torch.testing.assert_close(got, per_token, rtol=0, atol=0)  # the same matrices, the same products
+    # the same matrices; eager vispe.lie.expm scales a whole batch by one power of two (its largest
+    # norm's), so the 3 rows, the 5 columns and the 15 tokens may round differently (issue 52)
+    torch.testing.assert_close(got, per_token, rtol=0, atol=0 if tracing else 2e-6)
 
 
 def test_a_padding_mask_or_jitter_keeps_the_per_token_rotations():

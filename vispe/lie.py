@@ -5,11 +5,14 @@ skew-symmetric generators ``A_k`` (block-diagonal, blocks of ``b`` channels). He
 
 * ``skew_from_upper(raw)`` (LieRE: ``triu(raw, 1) - triu(raw, 1)^T``) and ``skew(p)`` (ComRoPE:
   ``p - p^T``) build generators from free parameters;
-* ``expm(a)``: the exponential of a batch of square matrices by scaling and squaring of a Taylor
-  polynomial, written with matmul / where only, so torch.export and the ONNX exporter record it
-  (``torch.linalg.matrix_exp`` has no ONNX form); each matrix gets its own number of squarings
-  (``ceil(log2(|a|_inf / 0.5))``), float32 accuracy against ``torch.linalg.matrix_exp`` about 1e-6
-  for ``|a| < 10`` (tests/test_image_rotary_blocks.py);
+* ``expm(a)``: the exponential of a batch of square matrices by scaling and squaring of a degree-12
+  Taylor polynomial (Paterson-Stockmeyer, 5 products), written with matmul / where only, so
+  torch.export and the ONNX exporter record it (``torch.linalg.matrix_exp`` has no ONNX form); each
+  batch gets one number of squarings from a bound on its norms (``ceil(log2(bound / 1.5))``;
+  ``normal=True`` for skew-symmetric generators tightens it through ``|a^2|`` and ``|a^4|``; a
+  caller may pass its own bound), each matrix its own while tracing (``MAX_SQUARINGS`` masked rounds),
+  float32 accuracy against ``torch.linalg.matrix_exp`` about 1e-6 for ``|a| < 10``, 2e-5 up to
+  ~60 (tests/test_image_rotary_blocks.py, tests/test_rope_blocks_factored.py);
 * ``cayley(s)``: ``(I - s)(I + s)^-1``, orthogonal for skew-symmetric ``s`` (STRING);
 * ``rotation_2x2(angles)``: the block-diagonal rotation of angles, as (..., n, 2, 2) blocks;
 * ``per_value(values, fn)``: ``fn`` evaluated once per distinct value of ``values`` and gathered
@@ -20,6 +23,7 @@ Everything is float32 (float64 for float64 inputs); callers turn autocast off.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -27,11 +31,12 @@ import torch
 from vispe import _tracing
 
 #: Taylor degree and the norm each matrix is scaled to before squaring: remainder
-#: 0.5^9 / 9! * e^0.5 ~ 1e-8, below float32 rounding
-TAYLOR_DEGREE = 8
-SCALED_NORM = 0.5
+#: 1.5^13 / 13! ~ 3e-8, float32 rounding; the degree-12 polynomial is evaluated by Paterson-Stockmeyer
+#: in 5 products (x^2, x^3, x^4 and two Horner steps in x^4), where plain Horner takes 12
+TAYLOR_DEGREE = 12
+SCALED_NORM = 1.5
 #: squarings recorded under torch.compile / torch.export (eager uses the batch's own maximum):
-#: enough for generators of norm up to 0.5 * 2^16
+#: enough for generators of norm up to 1.5 * 2^16
 MAX_SQUARINGS = 16
 #: Newton-Schulz steps of ``cayley`` while tracing: converged for condition numbers up to ~5e4 (|S| up to ~200)
 NEWTON_SCHULZ = 20
@@ -48,32 +53,78 @@ def skew(p: torch.Tensor) -> torch.Tensor:
     return p - p.transpose(-1, -2)
 
 
-def _squarings(a: torch.Tensor) -> torch.Tensor:
-    """How many times each matrix is halved: ceil(log2(|a|_inf / SCALED_NORM)), at least 0.  # a.shape[:-2]"""
-    norm = a.abs().sum(-1).amax(-1)  # (...,) the infinity norm bounds the spectral one
-    s = torch.ceil(torch.log2(norm.clamp(min=1e-30) / SCALED_NORM))
+def _inf_norm(a: torch.Tensor) -> torch.Tensor:
+    return a.abs().sum(-1).amax(-1)  # (...,) the infinity norm bounds the spectral one
+
+
+def _squarings(bound: torch.Tensor) -> torch.Tensor:
+    """How many times each matrix is halved: ceil(log2(bound / SCALED_NORM)), at least 0.  # bound.shape"""
+    s = torch.ceil(torch.log2(bound.clamp(min=1e-30) / SCALED_NORM))
     return s.clamp(min=0, max=MAX_SQUARINGS)
 
 
-def expm(a: torch.Tensor) -> torch.Tensor:
+def squarings(a: torch.Tensor, *, normal: bool = False, bound: float | None = None) -> int:
+    """The number of squarings eager ``expm`` takes for the batch ``a`` (..., b, b): from ``bound``
+    when given (an upper bound on every matrix's spectral norm), else from the largest of the
+    matrices' norm bounds (``|a|_inf``; for ``normal`` the smaller of that, ``|a^2|_inf^(1/2)`` and
+    ``|a^4|_inf^(1/4)``)."""
+    if not a.numel():
+        return 0
+    with torch.no_grad():
+        if bound is not None:
+            top = torch.tensor(float(bound))
+        else:
+            top = _inf_norm(a)
+            if normal:
+                a2 = torch.matmul(a, a)
+                top = torch.minimum(top, torch.minimum(_inf_norm(a2).sqrt(), _inf_norm(torch.matmul(a2, a2)).sqrt().sqrt()))
+            top = top.max()
+        return int(_squarings(top))
+
+
+def expm(a: torch.Tensor, *, normal: bool = False, bound: float | None = None) -> torch.Tensor:
     """``exp(a)`` of square matrices ``a`` (..., b, b), by scaling and squaring.  # a.shape
 
-    Differentiable (autograd through the products), recorded by torch.export / torch.compile
-    (a fixed number of squarings there, each matrix squared only its own number of times)."""
+    Eager: every matrix of the batch is scaled by the same power of two, ``squarings(a, normal=,
+    bound=)`` (a bound on the norm: ``|a|_inf``; ``normal=True`` for skew-symmetric generators,
+    where ``|a|_2 = |a^k|_2^(1/k)``, takes the smaller of that, ``|a^2|_inf^(1/2)`` and
+    ``|a^4|_inf^(1/4)``; a caller that knows a bound, LieRE's ``|y| |A_y|_2 + |x| |A_x|_2``, passes
+    it and no norm is computed per matrix), then squared that many times: no per-matrix selection
+    (``torch.where`` copies as much memory as a product). While torch.compile / torch.export record:
+    each matrix its own count (``|a|_inf``) in ``MAX_SQUARINGS`` masked rounds. Differentiable
+    (autograd through the products)."""
     if a.shape[-1] != a.shape[-2]:
         raise ValueError(f"a has shape {tuple(a.shape)}: expected square matrices (..., b, b)")
-    s = _squarings(a.detach())  # (...,)
-    x = a * torch.exp2(-s)[..., None, None]  # (..., b, b) norm <= 0.5
-    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
-    e = eye.expand_as(x)
-    for k in range(TAYLOR_DEGREE, 0, -1):  # Horner: I + x (I + x/2 (I + ... x/m))
-        e = eye + torch.matmul(x, e) / k
-    if _tracing.is_tracing():
-        rounds = MAX_SQUARINGS
+    tracing = _tracing.is_tracing()
+    if tracing:
+        per = _squarings(_inf_norm(a.detach()))  # (...,)
+        x = a * torch.exp2(-per)[..., None, None]
     else:
-        rounds = int(s.max()) if s.numel() else 0
-    for i in range(rounds):
-        e = torch.where((s > i)[..., None, None], torch.matmul(e, e), e)
+        rounds = squarings(a, normal=normal, bound=bound)
+        x = a * 2.0 ** -rounds
+    x2 = torch.matmul(x, x)
+    x3 = torch.matmul(x2, x)
+    x4 = torch.matmul(x2, x2)
+    c = [1.0 / math.factorial(k) for k in range(TAYLOR_DEGREE + 1)]
+
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+
+    def block(i: int) -> torch.Tensor:  # sum_j c_(4i+j) x^j, j < 4
+        if tracing:  # out of place: the ONNX exporter's functional graph has no in-place view update
+            return c[4 * i + 3] * x3 + c[4 * i + 2] * x2 + c[4 * i + 1] * x + c[4 * i] * eye
+        out = (x3 * c[4 * i + 3]).add_(x2, alpha=c[4 * i + 2]).add_(x, alpha=c[4 * i + 1])  # one new tensor
+        out.diagonal(dim1=-2, dim2=-1).add_(c[4 * i])
+        return out
+
+    e = block(2) + c[12] * x4
+    e = torch.matmul(x4, e) + block(1)  # Horner in x^4
+    e = torch.matmul(x4, e) + block(0)
+    if tracing:
+        for i in range(MAX_SQUARINGS):
+            e = torch.where((per > i)[..., None, None], torch.matmul(e, e), e)
+        return e
+    for _ in range(rounds):
+        e = torch.matmul(e, e)
     return e
 
 

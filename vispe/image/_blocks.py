@@ -10,12 +10,18 @@ Channel layout: ``layout`` groups the channels of a head into blocks (``vispe.li
 references) or "half" (strided). With one block of all ``head_dim`` channels there is nothing to
 group, and "half" is refused unless the encoding has channel pairs of its own (STRING).
 
+Factored form (issue 52): ``factors(shape, mask, device)`` and ``factors_at(coords, extent)`` run
+the same coordinate pipeline as ``forward`` and ``at`` with ``_factored`` set, so that ``angles``
+returns what ``vispe.kernels.rope_blocks.apply_factors`` applies without a matrix per token.
+
 Caching: rotations learn, so they are recomputed at every call, except while they cannot change:
 ``frozen_key()`` is not None in eval mode when no gradient can reach them (``torch.no_grad`` or
 parameters frozen); it holds every parameter's version counter, which in-place updates (optimiser
 steps, ``load_state_dict``) advance, so ``vispe.kernels.rope_blocks`` never serves a stale entry.
 """
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -41,6 +47,35 @@ class BlockRotaryBase(RotaryBase):
     @property
     def block_size(self) -> int:  # 2: angles; b > 2: block rotations (vispe.encoding)
         return self._block
+
+    #: while True, ``angles`` returns the factored form of ``vispe.kernels.rope_blocks`` (or None)
+    _factored = False
+
+    def factorable(self) -> bool:
+        """Whether ``factors`` can give the factored form now (subclasses: not while tracing, ...)."""
+        return False
+
+    def factors(self, shape, mask, device) -> Any:
+        """The grid's rotations in a factored form (``vispe.kernels.rope_blocks``: ``Conjugated``,
+        ``Commuting`` or ``Recomputed``), through the same coordinates as ``forward``; None: use the
+        blocks of ``forward``."""
+        if not self.factorable():
+            return None
+        self._factored = True
+        try:
+            return self(shape, mask, device=device)
+        finally:
+            self._factored = False
+
+    def factors_at(self, coords: torch.Tensor, extent: torch.Tensor | None = None) -> Any:
+        """``at(coords, extent)`` in the factored form of ``factors`` (None: use ``at``'s blocks)."""
+        if not self.factorable():
+            return None
+        self._factored = True
+        try:
+            return self.at(coords, extent)
+        finally:
+            self._factored = False
 
     def zero_rotation(self, device=None) -> torch.Tensor | None:
         """The rotation at coordinate 0, given to prefix tokens (None: the identity).  # (heads|1, nb, b, b)"""

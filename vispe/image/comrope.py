@@ -25,14 +25,20 @@ leaves prefix tokens unrotated (``vispe.encoding``), which is what its other rot
 The block size of the paper's tables was not read here (the reference's config default is 2, where
 ComRoPE is RoPE with learned frequencies); 8 is a choice, documented as such.
 
-Cost: the blocks commute, so ``R(y, x) = exp(y A_y) exp(x A_x)``: exponentials are taken once per
-row and once per column of a grid (h + w instead of h w) and the two factors multiplied per token
-("ld"); with "ap" each block depends on one axis only and needs no product. On a grid without a
-padding mask or per-token jitter the coordinates are separable (y by row, x by column) and the
-factors come from the rows and columns directly, the same under torch.compile and torch.export;
-otherwise (a padded batch, jitter, ``at``) once per distinct y and x in eager mode
-(``vispe.lie.per_value``) and per token while tracing. In eval mode without gradients the rotations
-of a grid are cached (``vispe.image._blocks``). b = 2 returns angles.
+Cost (issue 52): ``A_k = m_k B`` (for "ap", m one-hot per block), so ``R(y, x) = exp(t B)`` with
+``t = y m_y + x m_x`` a scalar per token and block. In eager mode the rotation is computed in B's
+real Schur basis, ``Q RoPE(t w) Q^T`` (``vispe.kernels.rope_commuting``: ``torch.linalg.eigh`` of
+``i B``, b x b per head and block, in float64), with its own backward: the gradient of B is the
+adjoint Frechet derivative of exp in closed form (sinc of half sums and differences of the angles,
+so equal or zero frequencies divide by nothing), on a grid summed per row and per column first
+(``exp(tB) = exp(t_y B) exp(t_x B)``); nothing per token is kept but q and k in the Schur basis.
+Values and gradients equal the block rotations' (tests/test_rope_blocks_factored.py).
+The block rotations (``method="blocks"``, and the path while torch.compile / torch.export record:
+the ONNX exporter has no eigh): exponentials once per row and once per column of a grid (h + w
+instead of h w) multiplied per token ("ld"; "ap" takes each block from its axis), from the rows and
+columns directly on a grid without padding mask or per-token jitter, otherwise once per distinct y
+and x in eager mode (``vispe.lie.per_value``) and per token while tracing. In eval mode without
+gradients the rotations of a grid are cached (``vispe.image._blocks``). b = 2 returns angles.
 
 Grid change: recomputed at any (h, w); with unit coordinates a larger grid is a finer sampling of
 the same (0, 1) range. No resolution ``scaling`` (nothing to scale in unit coordinates).
@@ -43,8 +49,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vispe import _checks, lie
+from vispe import _checks, _tracing, lie
 from vispe.image._blocks import BlockRotaryBase
+from vispe.kernels.rope_blocks import Commuting
+from vispe.kernels.rope_commuting import skew_schur
 from vispe.registry import register
 
 VARIANTS = ("ld", "ap")
@@ -104,6 +112,8 @@ class ComRoPE(BlockRotaryBase):
 
     def angles(self, coords: torch.Tensor, s: torch.Tensor | None = None) -> torch.Tensor:
         """Block rotations exp(y A_y) exp(x A_x), per distinct y and x.  # (B|1, heads, N, nb, b, b)"""
+        if self._factored:  # exp(t B), t = y m_y + x m_x per block, in B's Schur basis
+            return self._commuting(coords)
         A = self.axis_generators().to(coords.device)  # (H, 2, nb, b, b)
         Bc, N, _ = coords.shape
         if self.block_size == 2:  # commuting planes: a rotation by -(y u_y + x u_x)
@@ -112,11 +122,37 @@ class ComRoPE(BlockRotaryBase):
         R = self._combine(self._along(flat[:, 0], A, 0), self._along(flat[:, 1], A, 1))  # (M, H, nb, b, b)
         return R.view(Bc, N, *R.shape[1:]).transpose(1, 2)  # (B|1, H, N, nb, b, b)
 
+    def factorable(self) -> bool:  # eigh is not recorded by the ONNX exporter: blocks while tracing
+        return self.block_size > 2 and not _tracing.is_tracing()
+
+    def axis_weights(self) -> torch.Tensor:
+        """A_k = weight[k, j] B per block j: ``multiplier`` ("ld") or the axis of each block ("ap").  # (2, nb)"""
+        if self.variant == "ld":
+            return self.multiplier.float()
+        axis = torch.arange(self.head_dim // self.block_size, device=self.upper.device) % 2  # (nb,)
+        return (axis[None, :] == torch.arange(2, device=axis.device)[:, None]).float()
+
+    def _commuting(self, coords: torch.Tensor) -> Commuting | None:
+        """The factored form ``exp(t B)`` of ``coords`` (B|1, N, 2), or of a separable grid's (B|1, h, w, 2)
+        (y by row, x by column: ``grid`` (ty, tx)); None: a degenerate B, use the blocks."""
+        B = lie.skew_from_upper(self.upper.float()).to(coords.device)  # (H, nb, b, b)
+        Q, w, ok = skew_schur(B)
+        if not bool(ok.all()):
+            return None
+        M = self.axis_weights().to(coords.device)  # (2, nb)
+        if coords.dim() == 4:  # t = y m_y + x m_x = ty[row] + tx[col]
+            ty = coords[:, :, 0, :1] * M[0]  # (B|1, h, nb)
+            tx = coords[:, 0, :, 1:] * M[1]  # (B|1, w, nb)
+            return Commuting(None, B, (Q, w), (ty[:, None], tx[:, None]))
+        return Commuting(torch.matmul(coords, M)[:, None], B, (Q, w))  # t (B|1, 1, N, nb)
+
     def grid_angles(self, shape, mask, device) -> torch.Tensor:
         """The grid's rotations from its rows and columns when its coordinates are separable (no
         padding mask: a padded column counts y from 0; no per-token jitter).  # (B|1, heads, N, nb, b, b)"""
         coords, _ = self.token_coords(shape, mask, device)  # (B|1, N, 2); scaling is "none" here
-        if mask is not None or self.block_size == 2 or (self.jitter and self._augmenting()):
+        if self._factored and mask is None and not (self.jitter and self._augmenting()):
+            return self._commuting(coords.unflatten(1, shape) * self.scale)
+        if self._factored or mask is not None or self.block_size == 2 or (self.jitter and self._augmenting()):
             return self.angles(coords * self.scale)
         h, w = shape
         c = coords.unflatten(1, (h, w)) * self.scale  # (B|1, h, w, 2): y by row, x by column

@@ -31,9 +31,13 @@ commute) ``R(p)^T R(p') = R(p' - p)`` and logits depend on offsets only; with la
 Cost: the reference exponentiates one matrix per token and step. Here the exponential is taken once
 per *distinct* coordinate of the batch (``vispe.lie.per_value``: a padded batch of B images
 exponentiates each valid-extent grid once, not B times), by scaling and squaring
-(``vispe.lie.expm``, which also exports to ONNX), and in eval mode without gradients the rotations
-of a grid are cached (``vispe.image._blocks``); b = 2 needs no exponential. ``bench/rope_blocks.py``
-measures the saving against ``torch.linalg.matrix_exp`` per token.
+(``vispe.lie.expm``, which also exports to ONNX: a degree-12 Taylor polynomial in 5 products, the
+squarings chosen from ``|y| |A_y|_2 + |x| |A_x|_2``, the largest over the batch), and in eval mode
+without gradients the rotations of a grid are cached (``vispe.image._blocks``); b = 2 needs no
+exponential. In training (eager) the blocks are rebuilt in backward instead of kept
+(``vispe.kernels.rope_blocks.Recomputed``, activation checkpointing of the rotation only, issue 52):
+the generators do not commute, so there is no eigenbasis to rotate in, and what autograd would keep
+is every product of every token's exponential. ``bench/rope_blocks.py`` measures both.
 
 Grid change: rotations are recomputed at any (h, w). ``grid`` is recorded in the state_dict
 (``table_grid``); a checkpoint saved for another grid is loaded by rescaling each axis's generator
@@ -52,11 +56,32 @@ import math
 import torch
 from torch import nn
 
-from vispe import _checks, lie
+from vispe import _checks, _tracing, lie
 from vispe.image._blocks import BlockRotaryBase
+from vispe.kernels.rope_blocks import Recomputed
 from vispe.registry import register
 
 COORDS = ("liere", "normalized", "index", "centered")
+
+
+def rotations(coords: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
+    """exp(y A_y + x A_x) of ``coords`` (B|1, N, 2) with the generators of ``raw`` (H|1, 2, nb, b, b),
+    once per distinct coordinate.  # (B|1, H|1, N, nb, b, b)"""
+    A = lie.skew_from_upper(raw.float())  # (H, 2, nb, b, b)
+    Bc, N, _ = coords.shape
+
+    bound = None
+    if not _tracing.is_tracing():  # |y A_y + x A_x|_2 <= |y| |A_y|_2 + |x| |A_x|_2: no norm per token
+        with torch.no_grad():
+            sigma = torch.linalg.matrix_norm(A.double(), ord=2)  # (H, 2, nb)
+            bound = float((coords.abs().reshape(-1, 2).amax(0).double() * sigma.transpose(1, -1)).sum(-1).max()) \
+                if coords.numel() else 0.0
+
+    def exps(v: torch.Tensor) -> torch.Tensor:  # (U, 2) -> (U, H, nb, b, b)
+        return lie.expm(torch.einsum("uk,hkjab->uhjab", v, A), normal=True, bound=bound)
+
+    R = lie.per_value(coords.reshape(Bc * N, 2), exps)  # (B*N, H, nb, b, b)
+    return R.view(Bc, N, *R.shape[1:]).transpose(1, 2)
 
 
 @register("liere")
@@ -112,16 +137,18 @@ class LieRE(BlockRotaryBase):
     def angles(self, coords: torch.Tensor, s: torch.Tensor | None = None) -> torch.Tensor:
         """Block rotations exp(y A_y + x A_x) of ``coords`` (B|1, N, 2), once per distinct coordinate.
         # (B|1, heads|1, N, nb, b, b); angles (B|1, heads|1, N, head_dim/2) for block_size 2"""
-        A = self.generator_matrices().to(coords.device)  # (H, 2, nb, b, b)
-        Bc, N, _ = coords.shape
         if self.block_size == 2:  # exp of [[0, u], [-u, 0]] is a rotation by -u
+            A = self.generator_matrices().to(coords.device)  # (H, 2, nb, 2, 2)
             return -torch.einsum("bnk,hkj->bhnj", coords, A[..., 0, 1])  # (B|1, H, N, nb)
+        raw = self.generators.to(coords.device)
+        if self._factored:  # the same blocks, rebuilt in backward (vispe.kernels.rope_blocks)
+            return Recomputed(rotations, (coords, raw))
+        return rotations(coords, raw)
 
-        def rotations(v: torch.Tensor) -> torch.Tensor:  # (U, 2) -> (U, H, nb, b, b)
-            return lie.expm(torch.einsum("uk,hkjab->uhjab", v, A))
-
-        R = lie.per_value(coords.reshape(Bc * N, 2), rotations)  # (B*N, H, nb, b, b)
-        return R.view(Bc, N, *R.shape[1:]).transpose(1, 2)  # (B|1, H, N, nb, b, b)
+    def factorable(self) -> bool:
+        """Rebuilt in backward only where there is a backward: not while frozen (eval without
+        gradients: the blocks, cached per grid) nor while tracing (the recorded graph keeps what it keeps)."""
+        return self.block_size > 2 and not _tracing.is_tracing() and self.frozen_key() is None
 
     # --- checkpoints: the generators are built for the coordinates of ``grid`` -----------------
     def table_grid(self):

@@ -32,6 +32,14 @@ pairing) and P is stored in rotate-half order (``layout="interleaved"`` permutes
 checkpoint moves between layouts as RoPE's does; "circulant" takes ``layout="interleaved"``
 (consecutive blocks, each in its own Fourier basis).
 
+Cost (issue 52): in training the rotations are never materialised: ``factors`` gives P and the
+angles (``vispe.kernels.rope_blocks.Conjugated``) and the kernel computes ``RoPE(p) (P q)``: one
+(head_dim x head_dim) product per token shared by every token (for "circulant", F per block of b),
+then RoPE's rotation with learned angles (``vispe.kernels.rope.rotate``: its backward needs only
+the cos/sin tables and the output). Values and gradients equal the block rotations'
+(``rope_blocks.rotate_qk(..., method="blocks")``, tests/test_rope_blocks_factored.py). Also while
+torch.compile / torch.export record (plain products).
+
 Folding P at inference: P depends on no position, so ``q' = RoPE(p) (P q)`` and P can be
 multiplied into the q and k rows of the attention's projection once: ``fold_string_(model)`` does
 it for every STRING layer (exact, float32; refused where a q/k norm or a decoupled position
@@ -52,6 +60,7 @@ from vispe.axis.rope import apply_rope, half_to_interleaved
 from vispe.axis.rope_scaling import yarn_frequencies
 from vispe.image._blocks import BlockRotaryBase
 from vispe.image.rope_mixed import mixed_init
+from vispe.kernels.rope_blocks import Conjugated
 from vispe.registry import register
 
 VARIANTS = ("cayley", "circulant")
@@ -133,6 +142,9 @@ class STRING(BlockRotaryBase):
             self.c = nn.Parameter(torch.randn(num_heads, 2, head_dim // self.block_size, self.block_size // 2 - 1)
                                   * (self.circulant_std * 2 ** 0.5))  # (heads, 2, nb, b/2 - 1), y then x
 
+    def factorable(self) -> bool:  # RoPE(p) P: plain products, also while torch.compile / export record
+        return not self.folded
+
     @property
     def block_size(self) -> int:  # a folded STRING is RoPE: angles
         return 2 if self.folded else self._block
@@ -175,6 +187,9 @@ class STRING(BlockRotaryBase):
         ang = torch.matmul(coords[:, None], f.transpose(-1, -2))  # (B|1, H, N, pairs)
         if self.folded:
             return ang
+        if self._factored:  # R(p) = RoPE(p) P without a matrix per token (vispe.kernels.rope_blocks)
+            return Conjugated(self.zero_rotation(coords.device), ang,
+                              self.layout if self.variant == "cayley" else "interleaved")
         if self.variant == "cayley":
             P = self.basis(coords.device)  # (H, d, d)
             rows = P.transpose(-1, -2)[None, :, None]  # (1, H, 1, d, d): columns of P as rows

@@ -19,14 +19,64 @@ point the attention layer calls, hands such an encoding to ``rotate_qk`` here:
   references' layout; "half": strided ones). Float32 math (float64 kept), cast back to x's
   dtype; plain autograd (the gradient reaches the generators through ``R``).
 
-The cost is one b x b product per token, head and block (``head_dim * b`` multiply-adds per token
-and head, against ``2 head_dim`` for angles); ``bench/rope_blocks.py`` measures it.
+That is the definition, kept as ``method="blocks"``. By default (``method="auto"``) an encoding
+that can give its rotations in a factored form (``pe.factors(shape, mask, device)``, issue 52) is
+applied without a matrix per token, through ``apply_factors``, with equal values and gradients:
+
+* ``Conjugated(P, angles, layout)``: ``R(p) = RoPE(angles(p)) P`` (STRING): one product by P
+  (shared by every token) and RoPE's rotation with learned angles (``vispe.kernels.rope.rotate``);
+* ``Commuting(t, B, basis)``: ``R(p) = exp(t(p) B)`` per block (ComRoPE), in B's real Schur basis
+  (``vispe.kernels.rope_commuting``, its own gradient);
+* ``Recomputed(build, inputs)``: the blocks ``build(*inputs)`` (LieRE), applied under activation
+  checkpointing: backward rebuilds them instead of keeping every exponential's intermediates.
+
+``pe.factors`` returns None where it cannot or need not (ComRoPE and LieRE while torch.compile /
+torch.export record, a degenerate ComRoPE generator, LieRE while frozen: eval without gradients,
+where its cached blocks are cheaper than any exponential): the blocks are used then. The cost of the blocks is one
+b x b product per token, head and block (``head_dim * b`` multiply-adds per token and head,
+against ``2 head_dim`` for angles) plus building them; ``bench/rope_blocks.py`` measures both.
 """
 from __future__ import annotations
 
-import torch
+from collections.abc import Callable
+from typing import NamedTuple
 
-from vispe import lie
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from vispe import _checks, _tracing, lie
+from vispe.coords import float32_math
+from vispe.kernels.rope_commuting import commuting_rotate
+
+METHODS = ("auto", "blocks")
+
+
+class Conjugated(NamedTuple):
+    """``R(p) = RoPE(angles) P`` (STRING): P (H|1, nb, b, b) on consecutive blocks, angles
+    (B|1, H|1, N, d/2) paired per ``layout``."""
+    P: torch.Tensor
+    angles: torch.Tensor
+    layout: str
+
+
+class Commuting(NamedTuple):
+    """``R(p) = exp(t B)`` per block (ComRoPE): t (B|1, H|1, N, nb), B (H, nb, b, b) skew-symmetric,
+    basis (Q, w) its real Schur form (``vispe.kernels.rope_commuting.skew_schur``); on a grid whose
+    scalars separate, ``grid`` (ty, tx) (B|1, H|1, h|w, nb) with ``t = ty[row] + tx[col]`` (t is None)."""
+    t: torch.Tensor | None
+    B: torch.Tensor
+    basis: tuple[torch.Tensor, torch.Tensor]
+    grid: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def tokens(self) -> int:
+        return self.grid[0].shape[-2] * self.grid[1].shape[-2] if self.grid is not None else self.t.shape[-2]
+
+
+class Recomputed(NamedTuple):
+    """Blocks ``build(*inputs)`` (B|1, H|1, N, nb, b, b) rebuilt in backward (LieRE)."""
+    build: Callable[..., torch.Tensor]
+    inputs: tuple[torch.Tensor, ...]
 
 
 def _work_dtype(*ts: torch.Tensor) -> torch.dtype:
@@ -50,7 +100,9 @@ def apply_blocks(x: torch.Tensor, R: torch.Tensor, layout: str = "interleaved") 
         xg = xw.unflatten(-1, (b, d // b)).transpose(-1, -2)  # (..., L, nb, b): block j = channels j + i d/b
     out = _shared_matmul(R.to(wd), xg)  # (..., L, nb, b)
     out = out.flatten(-2) if layout == "interleaved" else out.transpose(-1, -2).flatten(-2)
-    return out.to(x.dtype)
+    # contiguous: the product leaves the shared dims (q/k, images) innermost, and attention on such
+    # strides takes scaled_dot_product_attention's math path, which keeps the (L, L) weights for backward
+    return out.to(x.dtype).contiguous()
 
 
 def _shared_matmul(R: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -102,8 +154,96 @@ def rotations_for(pe, shape, mask, num_prefix_tokens: int, device) -> torch.Tens
     return _build(pe, shape, mask, num_prefix_tokens, device)
 
 
-def rotate_qk(pe, qk: torch.Tensor, shape, mask=None, num_prefix_tokens: int = 0) -> torch.Tensor:
-    """q and k stacked, ``qk`` (2, B, H, P+N, d) (or any (..., P+N, d)), rotated by block encoding ``pe``."""
+def apply_factors(x: torch.Tensor, f, num_prefix_tokens: int, layout: str) -> torch.Tensor:
+    """``x`` (..., P+N, d) rotated by factored rotations ``f`` of N tokens (module docstring), P prefix
+    tokens at coordinate 0 (STRING's P, the identity for the others).  # x.shape"""
+    P = num_prefix_tokens
+    if isinstance(f, Conjugated):
+        from vispe.kernels import rope  # (rope imports this module lazily too)
+
+        y = shared_product(x.to(_work_dtype(x, f.P)), f.P)  # (..., L, d) P x
+        angles = F.pad(f.angles, (0, 0, P, 0)) if P else f.angles  # (B|1, H|1, P+N, d/2)
+        cos, sin = rope.rope_tables(angles.detach())
+        learn = angles.requires_grad and torch.is_grad_enabled()
+        return rope.rotate(y, cos, sin, f.layout, angles=angles if learn else None).to(x.dtype)
+    if isinstance(f, Commuting):
+        if f.grid is not None:
+            return commuting_rotate(x, None, f.B, layout, f.basis, grid=f.grid, num_prefix_tokens=P)
+        t = F.pad(f.t, (0, 0, P, 0)) if P else f.t  # (B|1, H|1, P+N, nb) prefix: t = 0
+        return commuting_rotate(x, t, f.B, layout, f.basis, num_prefix_tokens=P)
+    if isinstance(f, Recomputed):
+        def rotated(v: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+            with float32_math(v.device):
+                R = with_prefix(f.build(*inputs), P)  # (B|1, H|1, P+N, nb, b, b)
+            _check_tokens(R, v, P)
+            return apply_blocks(v, R, layout)
+
+        if not torch.is_grad_enabled():
+            return rotated(x, *f.inputs)
+        return checkpoint(rotated, x, *f.inputs, use_reentrant=False)
+    raise ValueError(f"f={type(f).__name__}: expected Conjugated, Commuting or Recomputed")
+
+
+class _SharedProduct(torch.autograd.Function):
+    """``P x`` with P (H|1, nb, b, b) shared by every token; keeps ``x`` (a view of the qkv projection,
+    which the attention keeps anyway) for P's gradient, not a permuted copy."""
+
+    @staticmethod
+    def forward(ctx, x, P):
+        ctx.save_for_backward(x, P)
+        return apply_blocks(x, P[:, None], "interleaved")
+
+    @staticmethod
+    def backward(ctx, g):
+        x, P = ctx.saved_tensors
+        gx = apply_blocks(g, P.transpose(-1, -2)[:, None], "interleaved") if ctx.needs_input_grad[0] else None
+        gP = None
+        if ctx.needs_input_grad[1]:
+            nb, b = P.shape[-3], P.shape[-1]
+            gP = torch.einsum("...hljp,...hljq->hjpq", g.to(P.dtype).unflatten(-1, (nb, b)),
+                              x.to(P.dtype).unflatten(-1, (nb, b)))  # (H, nb, b, b)
+            gP = gP.sum(0, keepdim=True) if P.shape[0] == 1 else gP
+        return gx, gP
+
+
+def shared_product(x: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
+    """``x`` (..., H, L, d) times the block matrices P (H|1, nb, b, b) on consecutive channel blocks,
+    the same for every token (STRING's P).  # x.shape"""
+    if _tracing.is_tracing():  # plain autograd while torch.compile / torch.export record
+        return apply_blocks(x, P[:, None], "interleaved")
+    return _SharedProduct.apply(x, P)
+
+
+def factors_for(pe, shape, mask, num_prefix_tokens: int, device):
+    """``pe.factors(shape, mask, device)``, kept in the table cache while frozen (as ``rotations_for``);
+    None where the encoding has no factored form (then the blocks)."""
+    if not hasattr(pe, "factors"):
+        return None
+    key = pe.frozen_key() if hasattr(pe, "frozen_key") else None
+    if key is not None and mask is None:
+        return pe.cached(("rope_factors", key, tuple(shape), device), lambda: pe.factors(shape, None, device))
+    return pe.factors(shape, mask, device)
+
+
+def _check_tokens(R: torch.Tensor, x: torch.Tensor, P: int) -> None:
+    if R.shape[-4] != x.shape[-2]:
+        raise ValueError(f"the encoding gives {R.shape[-4] - P} token rotations: expected {x.shape[-2] - P} "
+                         f"({P} prefix tokens)")
+
+
+def rotate_qk(pe, qk: torch.Tensor, shape, mask=None, num_prefix_tokens: int = 0, *,
+              method: str = "auto") -> torch.Tensor:
+    """q and k stacked, ``qk`` (2, B, H, P+N, d) (or any (..., P+N, d)), rotated by block encoding ``pe``;
+    ``method``: "auto" (factored where the encoding has the form) or "blocks" (module docstring)."""
+    _checks.choice("method", method, METHODS)
+    f = factors_for(pe, shape, mask, num_prefix_tokens, qk.device) if method == "auto" else None
+    if f is not None:
+        n = (f.angles.shape[-2] if isinstance(f, Conjugated) else f.tokens() if isinstance(f, Commuting) else None)
+        if n is not None and n + num_prefix_tokens != qk.shape[-2]:
+            raise ValueError(f"the encoding gives {n} token rotations: expected "
+                             f"{qk.shape[-2] - num_prefix_tokens} (grid {tuple(shape)} + {num_prefix_tokens} "
+                             "prefix tokens)")
+        return apply_factors(qk, f, num_prefix_tokens, pe.layout)
     R = rotations_for(pe, shape, mask, num_prefix_tokens, qk.device)  # (B|1, H|1, P+N, nb, b, b)
     if R.shape[2] != qk.shape[-2]:
         raise ValueError(f"the encoding gives {R.shape[2] - num_prefix_tokens} token rotations: expected "
@@ -111,9 +251,15 @@ def rotate_qk(pe, qk: torch.Tensor, shape, mask=None, num_prefix_tokens: int = 0
     return apply_blocks(qk, R, pe.layout)
 
 
-def rotate_at(pe, x: torch.Tensor, coords: torch.Tensor, extent: torch.Tensor | None) -> torch.Tensor:
+def rotate_at(pe, x: torch.Tensor, coords: torch.Tensor, extent: torch.Tensor | None, *,
+              method: str = "auto") -> torch.Tensor:
     """``x`` (B, H, L, d) rotated at continuous unit (y, x) ``coords`` (B|1, L, 2) (``pe.at``): the
-    queries of a cross-attention whose keys are rotated on their grid by ``rotate_qk``."""
+    queries of a cross-attention whose keys are rotated on their grid by ``rotate_qk`` (the same
+    ``method``, the same factored form).  # x.shape"""
+    _checks.choice("method", method, METHODS)
+    f = pe.factors_at(coords, extent) if method == "auto" and hasattr(pe, "factors_at") else None
+    if f is not None:
+        return apply_factors(x, f, 0, pe.layout)
     return apply_blocks(x, pe.at(coords, extent), pe.layout)
 
 
