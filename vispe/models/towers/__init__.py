@@ -50,6 +50,7 @@ def convertible() -> list[str]:
 # Each family registers its converter on import (none imports its original library at module level):
 # one import line per family file below.
 from vispe.models.towers import (
+    eomt,  # noqa: E402,F401
     idefics3,  # noqa: E402,F401
     llama4,  # noqa: E402,F401
     pixtral,  # noqa: E402,F401
