@@ -166,3 +166,43 @@ def test_what_does_not_apply_is_refused_by_name():
     hf.layers[0].rotary_emb.inv_freq.mul_(2)
     with pytest.raises(ValueError, match="rotary_emb.inv_freq"):
         convert_vit(hf)
+
+
+def sam3_model():
+    from transformers import Sam3Config, Sam3Model
+
+    torch.manual_seed(0)
+    vit = dict(model_type="sam3_vit_model", hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+               num_attention_heads=2, image_size=56, patch_size=4, window_size=7, global_attn_indexes=[1],
+               pretrain_image_size=28)
+    small = dict(hidden_size=32, num_layers=1, num_attention_heads=2, intermediate_size=64)
+    cfg = Sam3Config(vision_config=dict(backbone_config=vit, fpn_hidden_size=32,
+                                        backbone_feature_sizes=[[56, 56], [28, 28], [14, 14]]),
+                     text_config=dict(vocab_size=100, hidden_size=32, intermediate_size=64, projection_dim=32,
+                                      num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=8,
+                                      bos_token_id=98, eos_token_id=99),
+                     geometry_encoder_config=small, detr_encoder_config=small,
+                     detr_decoder_config={**small, "num_queries": 5}, mask_decoder_config=dict(hidden_size=32,
+                                                                                               num_attention_heads=2))
+    return _perturb(Sam3Model(cfg))
+
+
+def test_the_whole_sam3_model_with_its_vit_converted():
+    """Sam3Model's outputs where the ViT is the only change: equal at the native size, and the converted
+    model runs at sizes the original refuses (square and not)."""
+    hf = sam3_model()
+    m = convert_vit(hf)
+    assert type(m) is type(hf) and type(m.vision_encoder.backbone).__name__ == "Sam3ViTTower"
+    assert type(convert_vit(hf.vision_encoder).backbone).__name__ == "Sam3ViTTower"
+    ids = torch.randint(0, 98, (2, 8), generator=torch.Generator().manual_seed(0))
+    x = torch.randn(2, 3, 56, 56)
+    with torch.no_grad():
+        want, got = hf(pixel_values=x, input_ids=ids), m(pixel_values=x, input_ids=ids)
+        for key in ("pred_masks", "pred_boxes", "pred_logits", "presence_logits", "semantic_seg"):
+            torch.testing.assert_close(got[key], want[key], rtol=1e-4, atol=1e-4)
+        for size in [(84, 84), (56, 84)]:
+            with pytest.raises(RuntimeError):
+                hf(pixel_values=torch.randn(2, 3, *size), input_ids=ids)
+            out = m(pixel_values=torch.randn(2, 3, *size), input_ids=ids)
+            assert out.pred_masks.shape == (2, 5, *size) and out.semantic_seg.shape == (2, 1, *size)
+            assert all(torch.isfinite(out[k]).all() for k in ("pred_masks", "pred_boxes", "pred_logits"))

@@ -1,5 +1,8 @@
 """SAM 3's image encoder converted to vispe: transformers' ``Sam3ViTModel`` (the ViT inside
 ``Sam3VisionModel`` / ``Sam3Model``), through ``convert_vit(model)`` or ``convert_sam3_vit``.
+``convert_vit`` of a ``Sam3VisionModel`` or a whole ``Sam3Model`` returns a copy of it whose ViT
+(``backbone``) is converted and the rest is the original's: the whole model then runs at any size
+(its FPN neck, DETR and mask decoder take any grid; its ViT was what failed).
 
 Its position handling (transformers 5.23, ``modeling_sam3.py``), and what vispe does at any size:
 
@@ -164,3 +167,27 @@ def convert_sam3_vit(model, pe: str | None = None, *, pe_kwargs: dict | None = N
         with torch.no_grad():  # the table taken over as the original reads it at the native grid
             tower.pe.pos_embed.copy_(tile_table(pos, (g0, g0), tower.pe.table_grid()))
     return tower.train(model.training)
+
+
+def _with_converted_backbone(model, vision, pe, pe_kwargs, pe_at, peg_blocks, keep_abs_pos):
+    """A copy of ``model`` whose ``vision.backbone`` (a ``Sam3ViTModel``) is converted; the rest is the original's."""
+    out = copy.deepcopy(model)
+    holder = out.vision_encoder if vision == "vision_encoder" else out
+    holder.backbone = convert_sam3_vit(holder.backbone, pe, pe_kwargs=pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks,
+                                       keep_abs_pos=keep_abs_pos)
+    return out
+
+
+@register_tower("transformers", "Sam3VisionModel")
+def convert_sam3_vision(model, pe: str | None = None, *, pe_kwargs: dict | None = None, pe_at: str = "input",
+                        peg_blocks=(0,), keep_abs_pos: bool | None = None):
+    """A copy of transformers' ``Sam3VisionModel`` (ViT + FPN neck) with its ViT converted (``convert_sam3_vit``)."""
+    return _with_converted_backbone(model, "self", pe, pe_kwargs, pe_at, peg_blocks, keep_abs_pos)
+
+
+@register_tower("transformers", "Sam3Model")
+def convert_sam3_model(model, pe: str | None = None, *, pe_kwargs: dict | None = None, pe_at: str = "input",
+                       peg_blocks=(0,), keep_abs_pos: bool | None = None):
+    """A copy of transformers' ``Sam3Model`` whose vision encoder's ViT is converted (``convert_sam3_vit``);
+    text encoder, DETR, geometry encoder and mask decoder are the original's (copied)."""
+    return _with_converted_backbone(model, "vision_encoder", pe, pe_kwargs, pe_at, peg_blocks, keep_abs_pos)
