@@ -56,6 +56,7 @@ from vispe.models.towers import (
     pixtral,  # noqa: E402,F401
     qwen_vl,  # noqa: E402,F401
     sam,  # noqa: E402,F401
+    sam2_hiera,  # noqa: E402,F401
     sam3,  # noqa: E402,F401
     siglip2,  # noqa: E402,F401
 )
