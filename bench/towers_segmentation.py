@@ -104,7 +104,7 @@ def main(argv=None) -> None:
           f"round; {args.rounds} interleaved rounds x {args.iters} calls")
     print(f"# {machine()}")
     print("| model | input | max abs diff | vispe / original, wall [cpu] | quartiles (wall) | original ms | vispe ms | "
-          f"target (native) |")
+          "target (native) |")
     print("|---|---|---|---|---|---|---|---|")
     for name, label, size, diff in rows:
         v, o = f"{name} {label} vispe", f"{name} {label} original"
