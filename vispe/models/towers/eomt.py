@@ -19,7 +19,7 @@ only: EoMT's ``nn.Embedding(num_patches)`` fails at 64x96, both heads reshape to
   e.g. ``{"mask_aware": True}`` to resample per image to its valid area).
 * EoMT-DINOv3: ``rope_axial`` with DINOv3's options (``vispe.models.dinov3.dinov3_rope_kwargs``:
   centred coordinates per axis, periods from ``rope_theta``, the config's shift / jitter / rescale in
-  training), on the patch tokens only (queries, class and register tokens are unrotated prefix
+  training, drawn per layer where transformers draws once per forward), on the patch tokens only (queries, class and register tokens are unrotated prefix
   tokens): size-free, as in transformers.
 * Both: the head reshapes the patch tokens to the input's grid and resizes mask logits to it.
 
