@@ -50,10 +50,13 @@ def convertible() -> list[str]:
 # Each family registers its converter on import (none imports its original library at module level):
 # one import line per family file below.
 from vispe.models.towers import (
+    eomt,  # noqa: E402,F401
     idefics3,  # noqa: E402,F401
     llama4,  # noqa: E402,F401
     pixtral,  # noqa: E402,F401
     qwen_vl,  # noqa: E402,F401
     sam,  # noqa: E402,F401
+    sam2_hiera,  # noqa: E402,F401
+    sam3,  # noqa: E402,F401
     siglip2,  # noqa: E402,F401
 )

@@ -79,6 +79,7 @@ class SamBlock(nn.Module):
         super().__init__()
         self.norm1, self.attn, self.norm2, self.mlp = norm1, attn, norm2, mlp
         self.window_size = int(window_size)
+        self.swap_global_axes = False  # True: a global block's encoding sees the grid as (w, h) (SAM 3's buffer)
         self.ls1, self.ls2 = ls1 or nn.Identity(), ls2 or nn.Identity()
         self.drop_path1, self.drop_path2 = drop_path1 or nn.Identity(), drop_path2 or nn.Identity()
 
@@ -97,6 +98,11 @@ class SamBlock(nn.Module):
                 if window_padding == "attend":  # SAM's zero tokens stay keys: pad the mask with False
                     full = nn.functional.pad(full, (0, pad_hw[1] - W, 0, pad_hw[0] - H), value=False)
                 mask = partition_mask(full, ws)  # (B * windows, ws, ws)
+        elif self.swap_global_axes:  # SAM 3 in transformers: global positions of the (w, h) grid, raster order
+            if mask is not None:
+                raise ValueError("a padding mask with swap_global_axes=True: the swapped grid has no valid area; "
+                                 "expected rope_positions 'interpolate' or 'extend' (vispe.models.towers.sam3)")
+            shape = (W, H)
         else:
             shape = (H, W)
         if mask is not None and not mask.any():
