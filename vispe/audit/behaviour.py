@@ -34,8 +34,11 @@ def first_windowed(attn: list, grid: tuple[int, int], batch: int = 1) -> int | N
     return None
 
 
-def window_groups(t: Target, grid: tuple[int, int], index: int, *, chunk: int = 16) -> list[list[tuple[int, int]]] | str:
-    """The grid cells of each window, or a string saying why they could not be read."""
+def window_groups(t: Target, grid: tuple[int, int], index: int, *, chunk: int = 16,
+                  region: tuple[int, int] = (12, 24)) -> list[list[tuple[int, int]]] | str:
+    """The grid cells of each window, or a string saying why they could not be read. Only the cells
+    of the top-left ``region`` (rows, columns) are changed: a rectangular window meets that rectangle
+    in a rectangle, so a window seen there that is not one is not one on the grid either."""
     h, w = grid
     ph, pw = t.patch
     base = t.images(grid, seed=1)
@@ -45,7 +48,7 @@ def window_groups(t: Target, grid: tuple[int, int], index: int, *, chunk: int = 
     q0 = rec0.attn[index].q  # (nw, heads, L, d)
     nw = q0.shape[0]
     owner: dict[tuple[int, int], int] = {}
-    cells = [(y, x) for y in range(h) for x in range(w)]
+    cells = [(y, x) for y in range(min(h, region[0])) for x in range(min(w, region[1]))]
     noise = torch.randn(3, ph, pw, generator=torch.Generator().manual_seed(2)).to(base) * 3
     for s in range(0, len(cells), chunk):
         part = cells[s:s + chunk]
