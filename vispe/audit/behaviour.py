@@ -22,6 +22,8 @@ from torch import nn
 
 from vispe.audit._run import Target
 
+#: the top-left cells (rows, columns) whose one-patch changes are read by ``window_groups``
+REGION = (12, 24)
 POSITION_CLASS = re.compile(r"position|posemb|pos_?embed|rotary|rope|sincos|sine", re.IGNORECASE)
 
 
@@ -35,7 +37,7 @@ def first_windowed(attn: list, grid: tuple[int, int], batch: int = 1) -> int | N
 
 
 def window_groups(t: Target, grid: tuple[int, int], index: int, *, chunk: int = 16,
-                  region: tuple[int, int] = (12, 24)) -> list[list[tuple[int, int]]] | str:
+                  region: tuple[int, int] = REGION) -> list[list[tuple[int, int]]] | str:
     """The grid cells of each window, or a string saying why they could not be read. Only the cells
     of the top-left ``region`` (rows, columns) are changed: a rectangular window meets that rectangle
     in a rectangle, so a window seen there that is not one is not one on the grid either."""

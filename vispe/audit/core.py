@@ -179,7 +179,9 @@ def _windows(t: Target, rep: Report, g, attn) -> None:
         rep.findings.append(Finding("windows", f"windows at {g[0]}x{g[1]} patches not read: {groups}"))
         return
     bad = [c for c in groups if not behaviour.is_rectangle(c)]
-    rep.findings.append(Finding("windows", f"{len(groups)} windows at {g[0]}x{g[1]} patches, "
+    seen = (min(g[0], behaviour.REGION[0]), min(g[1], behaviour.REGION[1]))
+    where = "" if seen == tuple(g) else f" (one-patch changes in the top-left {seen[0]}x{seen[1]} cells)"
+    rep.findings.append(Finding("windows", f"{len(groups)} windows at {g[0]}x{g[1]} patches{where}, "
                                 f"{len(groups) - len(bad)} of them rectangles of the grid"))
     if bad:
         show = sorted(bad[0])[:8]
@@ -207,7 +209,8 @@ def _padding(t: Target, rep: Report, g, canvas) -> None:
 def _numerics(t: Target, rep: Report, g, dtype: torch.dtype) -> None:
     res = behaviour.dtype_errors(t, g, dtype)
     if isinstance(res, str):
-        rep.findings.append(Finding("dtype", f"position numerics under {dtype} not measured: {res}"))
+        rep.findings.append(Finding("dtype", f"position numerics under {str(dtype).replace('torch.', '')} not "
+                                    f"measured: {res}"))
         return
     for name, (err, rnd) in res.items():
         low = err > 2 * rnd + 1e-3

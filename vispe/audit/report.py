@@ -59,21 +59,23 @@ class Report:
     def family(self) -> str:
         return "+".join(self.families)
 
-    def _lines(self) -> tuple[str, list[str], list[str], list[str]]:
+    def _lines(self, timing: bool = True) -> tuple[str, list[str], list[str], list[str]]:
         head = (f"{self.model}: position {self.family}; native {self.native[0]}x{self.native[1]} px, "
-                f"patch {self.patch[0]}x{self.patch[1]}; {len(self.defects)} defect(s); {self.seconds:.1f} s")
+                f"patch {self.patch[0]}x{self.patch[1]}; {len(self.defects)} defect(s)")
+        head += f"; {self.seconds:.1f} s" if timing else ""
         where = [f"{e.where or 'input'}: {e.family}" + "".join(f"\n    {d}" for d in e.details) for e in self.entries]
         found = [f"[{f.topic}] {f.text}" + (f" ({f.evidence})" if f.evidence else "") for f in self.findings]
         bad = [f"[{d.kind}] {d.text}\n    evidence: {d.evidence}\n    fix: {d.fix}" for d in self.defects]
         return head, where or ["no position found"], found, bad or ["none"]
 
-    def text(self) -> str:
-        head, where, found, bad = self._lines()
+    def text(self, timing: bool = True) -> str:
+        """Plain text; ``timing=False`` leaves out the seconds the audit took (for a stable record)."""
+        head, where, found, bad = self._lines(timing)
         return "\n".join([head, "where position enters:", *(f"  {w}" for w in where), "findings:",
                           *(f"  {f}" for f in found), "defects:", *(f"  {b}" for b in bad)])
 
-    def markdown(self) -> str:
-        head, where, found, bad = self._lines()
+    def markdown(self, timing: bool = True) -> str:
+        head, where, found, bad = self._lines(timing)
 
         def items(lines: list[str]) -> list[str]:
             return ["- " + ln.replace("\n    ", "\n  ") for ln in lines]
