@@ -100,8 +100,14 @@ def _name(e: Entry, reads, layout: str, g0, g1, d: int) -> None:
     rel, ok = rotary.angles(reads[g0][0][0], layout)
     res = rotary.linear_residual(rel, ok, g0)
     if res > 1e-3:
-        e.details.append(f"angles not linear in (y, x) at {g0[0]}x{g0[1]} (residual {res:.2g} rad)")
+        h, w = g0
+        col = rel.reshape(rel.shape[0], w, h, -1).transpose(1, 2).reshape(rel.shape)  # tokens read x-major
+        if rotary.linear_residual(col, ok, g0) < 1e-3:
+            e.details.append("flatten order: column-major (x-major): the angles are those of (n % h, n // h)")
+        else:
+            e.details.append(f"angles not linear in (y, x) at {g0[0]}x{g0[1]} (residual {res:.2g} rad)")
         return
+    e.details.append("flatten order: row-major (the angles are linear in (y, x) of token n = y * w + x)")
     sy, sx = rotary.steps(rel, g0)
     order = rotary.axial_split(sy, sx, ok)
     if order is None:
