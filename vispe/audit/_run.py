@@ -58,7 +58,7 @@ class _SDPA(TorchFunctionMode):
         super().__init__()
         self.rec, self.names, self.stop_after = rec, names, stop_after
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if func is F.scaled_dot_product_attention:
@@ -70,7 +70,7 @@ class _SDPA(TorchFunctionMode):
         return out
 
     def _caller(self) -> str:
-        frame = sys._getframe(2)
+        frame: Any = sys._getframe(2)
         while frame is not None:
             for key in ("self", "module"):
                 obj = frame.f_locals.get(key)
@@ -168,8 +168,8 @@ class Target:
         handles = []
         replace = replace or {}
 
-        def pre_hook(name):
-            def hook(mod, args, kwargs):
+        def pre_hook(name: str) -> Any:
+            def hook(mod: nn.Module, args: Any, kwargs: Any) -> Any:
                 for i, a in enumerate(args):
                     if isinstance(a, torch.Tensor) and a.is_floating_point():
                         if name in replace:
@@ -185,15 +185,15 @@ class Target:
                 return None
             return hook
 
-        def pos_hook(name):
-            def hook(mod, args, kwargs):
+        def pos_hook(name: str) -> Any:
+            def hook(mod: nn.Module, args: Any, kwargs: Any) -> None:
                 for key, a in kwargs.items():
                     if "pos" in key.lower() and isinstance(a, torch.Tensor) and a.is_floating_point():
                         rec.pos_inputs.append((name, key, a.detach()))
             return hook
 
-        def out_hook(name):
-            def hook(mod, args, out):
+        def out_hook(name: str) -> Any:
+            def hook(mod: nn.Module, args: Any, out: Any) -> None:
                 out = out[0] if isinstance(out, (tuple, list)) and out else out
                 if isinstance(out, torch.Tensor):
                     rec.outputs.setdefault(name, out.detach())
@@ -229,7 +229,7 @@ def preserved(model: nn.Module) -> Iterator[None]:
     """Eval mode and vispe's reference attention kernel for the audit; every module's mode and
     kernel choice back afterwards (weights are never written)."""
     modes = [(m, m.training) for m in model.modules()]
-    impls = [(m, m.__dict__.get("bias_impl")) for m in model.modules() if hasattr(m, "bias_impl")]
+    impls: list[tuple[Any, Any]] = [(m, m.__dict__.get("bias_impl")) for m in model.modules() if hasattr(m, "bias_impl")]
     model.eval()
     for m, _ in impls:
         m.bias_impl = "reference"

@@ -7,14 +7,19 @@ same step per patch at both = integer; a step times the grid size constant = nor
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from vispe.audit import rotary
 from vispe.audit._run import Target
 from vispe.audit.report import Defect, Entry, Report
 
+Grid = tuple[int, int]
 
-def _same(which: int):
+
+def _same(which: int) -> Callable[[torch.Tensor], torch.Tensor]:
     def f(x: torch.Tensor) -> torch.Tensor:
         if x.dim() < 3:
             return x
@@ -24,7 +29,7 @@ def _same(which: int):
     return f
 
 
-def _read(t: Target, g, module: str, image_grid=None):
+def _read(t: Target, g: Grid, module: str, image_grid: Grid | None = None) -> list[Any] | None:
     """(q, k, mask) of the first attention call for each content, grid part, batch 0 (``g``: the
     attention's grid; ``image_grid``: the image's, when the attention sees one window of it)."""
     out = []
@@ -43,7 +48,8 @@ def _read(t: Target, g, module: str, image_grid=None):
     return out
 
 
-def first_attention(t: Target, rep: Report, g0, g1, module: str, image_grid=None) -> None:
+def first_attention(t: Target, rep: Report, g0: Grid, g1: Grid | None, module: str,
+                    image_grid: Grid | None = None) -> None:
     reads = {g: _read(t, g, module, image_grid) for g in (g0, g1) if g is not None}
     r0 = reads.get(g0)
     if r0 is None:
@@ -96,7 +102,7 @@ def first_attention(t: Target, rep: Report, g0, g1, module: str, image_grid=None
     _name(e, reads, layout, g0, g1, d)
 
 
-def _name(e: Entry, reads, layout: str, g0, g1, d: int) -> None:
+def _name(e: Entry, reads: dict[Grid, Any], layout: str, g0: Grid, g1: Grid | None, d: int) -> None:
     rel, ok = rotary.angles(reads[g0][0][0], layout)
     res = rotary.linear_residual(rel, ok, g0)
     if res > 1e-3:

@@ -16,18 +16,19 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import torch
 from torch import nn
 
-from vispe.audit._run import Target
+from vispe.audit._run import Attn, Target
 
 #: the top-left cells (rows, columns) whose one-patch changes are read by ``window_groups``
 REGION = (12, 24)
 POSITION_CLASS = re.compile(r"position|posemb|pos_?embed|rotary|rope|sincos|sine", re.IGNORECASE)
 
 
-def first_windowed(attn: list, grid: tuple[int, int], batch: int = 1) -> int | None:
+def first_windowed(attn: list[Attn], grid: tuple[int, int], batch: int = 1) -> int | None:
     """Index of the first attention call whose tokens are split into windows, else None."""
     h, w = grid
     for i, a in enumerate(attn):
@@ -80,7 +81,7 @@ def is_rectangle(cells: list[tuple[int, int]]) -> bool:
     return full and len(cells) == len(ys) * len(xs)
 
 
-def _grid_calls(attn: list, n_grid: int) -> list:
+def _grid_calls(attn: list[Attn], n_grid: int) -> list[Attn]:
     return [a for a in attn if a.q.shape[2] == a.k.shape[2] and a.q.shape[2] >= n_grid]
 
 
@@ -118,7 +119,7 @@ def position_modules(model: nn.Module) -> dict[str, nn.Module]:
             and (isinstance(m, PositionEncoding) or POSITION_CLASS.search(type(m).__name__))}
 
 
-def _floats(out) -> list[torch.Tensor]:
+def _floats(out: Any) -> list[torch.Tensor]:
     if isinstance(out, torch.Tensor):
         return [out] if out.is_floating_point() else []
     if isinstance(out, (tuple, list)):

@@ -49,9 +49,9 @@ def build(spec: str, kwargs: dict[str, Any]) -> nn.Module:
         return timm.create_model(spec, pretrained=False, **kwargs)
     import transformers
 
-    cls = getattr(transformers, spec, None)
+    cls: Any = getattr(transformers, spec, None)
     if isinstance(cls, type) and getattr(cls, "config_class", None) is not None:
-        return cls(cls.config_class(**kwargs))
+        return cls(cls.config_class(**kwargs))  # type: ignore[attr-defined]
     raise ValueError(f"SPEC={spec!r}: expected a timm model name, a transformers model class name "
                      "(e.g. DINOv3ViTModel) or module:factory")
 

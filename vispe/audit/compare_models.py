@@ -65,9 +65,9 @@ def position_code(t: Target, size: tuple[int, int]) -> tuple[str, torch.Tensor |
             block = _block_of(rec.attn[0].module)
             rec = t.record(img, hook_inputs=(block,), stop_after=1)
             g = (H // t.patch[0], W // t.patch[1])
-            code = tables.grid_code(rec.inputs[block], g) if block in rec.inputs else None
-            if code is not None:  # grid tokens minus their mean (the patch embedding's bias is content)
-                return f"input of {block} (minus its mean)", code.reshape(1, g[0] * g[1], -1)
+            gc = tables.grid_code(rec.inputs[block], g) if block in rec.inputs else None
+            if gc is not None:  # grid tokens minus their mean (the patch embedding's bias is content)
+                return f"input of {block} (minus its mean)", gc.reshape(1, g[0] * g[1], -1)
     return "", None
 
 
@@ -76,10 +76,10 @@ def _relation(a: torch.Tensor, b: torch.Tensor, grid: tuple[int, int]) -> str:
     C = a.shape[-1]
     scale = float(a.abs().max()) or 1.0
 
-    def halves(x):
+    def halves(x: torch.Tensor) -> torch.Tensor:
         return torch.cat([x[..., C // 2:], x[..., : C // 2]], dim=-1)
 
-    def col_major(x):  # tokens flattened x-major, read back as the row-major grid
+    def col_major(x: torch.Tensor) -> torch.Tensor:  # tokens flattened x-major, read back as the row-major grid
         return x.reshape(w, h, C).transpose(0, 1).reshape(h * w, C)
 
     tries = {"nothing (equal)": b, "y and x in the other channel half": halves(b),

@@ -17,8 +17,10 @@ import torch
 from torch import nn
 
 from vispe.audit import behaviour, tables
-from vispe.audit._run import Call, Target, error_line, preserved
+from vispe.audit._run import Attn, Call, Target, error_line, preserved
 from vispe.audit.report import Defect, Entry, Finding, Report
+
+Grid = tuple[int, int]
 
 
 def default_grids(g: tuple[int, int]) -> dict[str, tuple[int, int]]:
@@ -124,26 +126,27 @@ def _probe(t: Target, rep: Report, grids: dict[str, tuple[int, int]], dtype: tor
     _numerics(t, rep, g0, dtype)
 
 
-def _structure(t: Target, rep: Report, g0, g1, attn0) -> None:
+def _structure(t: Target, rep: Report, g0: Grid, g1: Grid | None, attn0: list[Attn]) -> None:
     names = list(dict.fromkeys(a.module for a in attn0 if a.module))
     blocks = list(dict.fromkeys(_block_of(n) for n in names))[:2]
-    codes = {}
+    codes: dict[Grid, list[torch.Tensor | None]] = {}
     for g in (g0, g1):
         if g is None or not blocks:
             continue
         stop = next((i + 1 for i, a in enumerate(attn0) if len(blocks) > 1 and _block_of(a.module) == blocks[1]), None)
-        rec = t.record(t.images(g, constant=True), hook_inputs=tuple(blocks), hook_outputs=blocks[:1], stop_after=stop)
+        rec = t.record(t.images(g, constant=True), hook_inputs=tuple(blocks), hook_outputs=tuple(blocks[:1]), stop_after=stop)
         codes[g] = [tables.grid_code(rec.inputs[blocks[0]], g) if blocks[0] in rec.inputs else None]
         if len(blocks) > 1 and blocks[1] in rec.inputs and blocks[0] in rec.outputs:  # what runs between the blocks
             a, b = rec.inputs[blocks[1]], rec.outputs[blocks[0]]
             codes[g].append(tables.grid_code(a - b, g) if a.shape == b.shape else None)
         if g == g0:
             scale = rec.inputs.get(blocks[0])
-    if g0 in codes and tables.varies(codes[g0][0], scale):
-        c0 = codes[g0][0]
+    c0 = codes[g0][0] if g0 in codes else None
+    if c0 is not None and tables.varies(c0, scale):
         e = Entry(f"before {blocks[0]}", "additive", [f"channels: {tables.axis_channels(c0)}"])
-        if g1 is not None and codes.get(g1, [None])[0] is not None:
-            rule, errs = tables.resample_rule(c0, codes[g1][0])
+        c1 = codes[g1][0] if g1 is not None and g1 in codes else None
+        if g1 is not None and c1 is not None:
+            rule, errs = tables.resample_rule(c0, c1)
             ev = ", ".join(f"{k} {v:.3g}" for k, v in errs.items())
             e.details.append(f"at {g1[0]}x{g1[1]} patches: {tables.RULES[rule]} (relative errors: {ev})")
             if rule in ("swapped", "size_swapped", "unchanged"):
@@ -170,7 +173,7 @@ def _structure(t: Target, rep: Report, g0, g1, attn0) -> None:
         first_attention(t, rep, (s, s), None, attn0[0].module, image_grid=g0)
 
 
-def _windows(t: Target, rep: Report, g, attn) -> None:
+def _windows(t: Target, rep: Report, g: Grid, attn: list[Attn]) -> None:
     i = behaviour.first_windowed(attn, g)
     if i is None:
         return
@@ -191,7 +194,7 @@ def _windows(t: Target, rep: Report, g, attn) -> None:
                                   " h before w (rf-detr #148)"))
 
 
-def _padding(t: Target, rep: Report, g, canvas) -> None:
+def _padding(t: Target, rep: Report, g: Grid, canvas: Grid | None) -> None:
     if canvas is None:
         return
     d = behaviour.padded_difference(t, g, canvas)
@@ -206,7 +209,7 @@ def _padding(t: Target, rep: Report, g, canvas) -> None:
                                   "vispe encoding (vispe.build('sine', dim=...), or mask_aware=True) in vispe's Attention"))
 
 
-def _numerics(t: Target, rep: Report, g, dtype: torch.dtype) -> None:
+def _numerics(t: Target, rep: Report, g: Grid, dtype: torch.dtype) -> None:
     res = behaviour.dtype_errors(t, g, dtype)
     if isinstance(res, str):
         rep.findings.append(Finding("dtype", f"position numerics under {str(dtype).replace('torch.', '')} not "

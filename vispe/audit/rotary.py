@@ -16,6 +16,7 @@ angles (checked by building it): "equals vispe rope_axial with layout=half, axis
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -129,7 +130,7 @@ def _nice(v: float) -> float:
 
 
 def candidates(freqs: torch.Tensor, grid: tuple[int, int], head_dim: int, layout: str, order: str,
-               normalised: bool) -> list[dict]:
+               normalised: bool) -> list[dict[str, Any]]:
     """``rope_axial`` settings that could give these per-patch steps of one axis (y, on ``grid``)."""
     f = freqs.double()
     if normalised:  # DINOv3: angle = 2 pi * centred coordinate in [-1, 1] / period: step = 4 pi f / h
@@ -137,7 +138,7 @@ def candidates(freqs: torch.Tensor, grid: tuple[int, int], head_dim: int, layout
     if f.numel() < 2 or float(f[1]) <= 0:
         return []
     base = _nice(float((f[0] / f[1]) ** (head_dim / 4)))
-    kw: dict = dict(layout=layout, axis_order=order, base=base)
+    kw: dict[str, Any] = dict(layout=layout, axis_order=order, base=base)
     if normalised:
         kw.update(coords="centered", scale=_nice(2 * math.pi * float(f[0])), normalize_coords="separate")
     elif abs(float(f[0]) - 1) > 1e-4:
@@ -145,7 +146,7 @@ def candidates(freqs: torch.Tensor, grid: tuple[int, int], head_dim: int, layout
     return [kw]
 
 
-def equals_vispe(rel: torch.Tensor, ok: torch.Tensor, grid: tuple[int, int], head_dim: int, kw: dict) -> float:
+def equals_vispe(rel: torch.Tensor, ok: torch.Tensor, grid: tuple[int, int], head_dim: int, kw: dict[str, Any]) -> float:
     """Largest angle error (radians) of vispe's ``rope_axial(**kw)`` against the angles read."""
     from vispe.registry import build
 
@@ -158,8 +159,8 @@ def equals_vispe(rel: torch.Tensor, ok: torch.Tensor, grid: tuple[int, int], hea
     return float(_wrap(rel - ref).abs().masked_fill(~ok[:, None], 0).max())
 
 
-def describe(kw: dict) -> str:
-    def fmt(v):
+def describe(kw: dict[str, Any]) -> str:
+    def fmt(v: Any) -> str:
         return f"{v:.6g}" if isinstance(v, float) else str(v)
 
     return "vispe rope_axial with " + ", ".join(f"{k}={fmt(v)}" for k, v in kw.items())
