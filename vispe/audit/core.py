@@ -27,9 +27,9 @@ def default_grids(g: tuple[int, int]) -> dict[str, tuple[int, int]]:
     """Grids (patches) probed around the native one ``g``."""
     gh, gw = g
     odd = (gh + 1 if gh % 2 == 0 else gh + 2, gw + 1 if gw % 2 == 0 else gw + 2)
-    nonsq = (gh, 2 * gw) if gh == gw else (gw, gh)
+    nonsq = (gh, gw + 2 * max(1, gw // 4)) if gh == gw else (gw, gh)  # 8x8 -> 8x12, 14x14 -> 14x20
     return {"native": g, "non-square": nonsq, "odd": odd,
-            "larger": (gh + 2 * max(1, gh // 4), gw + 2 * max(1, gw // 4)),
+            "larger": (gh + 2 * max(1, gh // 8), gw + 2 * max(1, gw // 8)),  # 8x8 -> 10x10, 16x16 -> 20x20
             "smaller": (max(2, gh - 2 * max(1, gh // 4)), max(2, gw - 2 * max(1, gw // 4)))}
 
 
