@@ -95,6 +95,7 @@ def test_report_renders_text_and_markdown():
     assert "defects:\n  [table]" in rep.text() and "fix: resample by target size" in rep.text()
     md = rep.markdown()
     assert md.startswith("**Tiny: position additive;") and "\n- [table] " in md
+    assert "\n    - evidence: " in md and "\n    - fix: " in md
 
 
 # family each encoding is named as (conditional: PEG after block 0; the mask-aware option set where it has one)

@@ -78,7 +78,7 @@ class Report:
         head, where, found, bad = self._lines(timing)
 
         def items(lines: list[str]) -> list[str]:
-            return ["- " + ln.replace("\n    ", "\n  ") for ln in lines]
+            return ["- " + ln.replace("\n    ", "\n    - ") for ln in lines]  # details as nested items
 
         return "\n".join([f"**{head}**", "", "Where position enters:", "", *items(where), "", "Findings:", "",
                           *items(found), "", "Defects:", "", *items(bad)])
