@@ -4,6 +4,9 @@ arguments ``vispe.build`` requires, summary).
 ``python -m vispe explain [options]``: which attention kernel each layer of a ViT ran
 (``vispe.models.explain_cli``; ``python -m vispe explain -h`` lists the options).
 
+``python -m vispe audit SPEC``: how a timm, transformers or ``module:factory`` model encodes position
+and where that breaks (``vispe.audit.cli``); exit status 1 when the report has a defect.
+
 Mask-aware: "yes" (always), "no", or "option: <setting>" when a setting makes it so
 (``PositionEncoding.mask_aware_option``). Required arguments: what ``vispe.build(name, ...)`` cannot
 do without (``vispe.registry.required_args``); a model (``create_vit``, ``create_detr``) passes them.
@@ -20,6 +23,7 @@ from vispe.registry import available, get, required_args
 
 USAGE = """usage: python -m vispe            the registered encodings (a Markdown table)
        python -m vispe explain -h (which attention kernel each layer of a ViT ran)
+       python -m vispe audit -h   (how a timm / transformers model encodes position; exit 1 on a defect)
        python -m vispe -h         this help
 
 Required arguments are those vispe.build(name, ...) needs, e.g.
@@ -57,6 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from vispe.models.explain_cli import main as explain_main
 
         return explain_main(argv[1:])
+    if argv[:1] == ["audit"]:
+        from vispe.audit.cli import main as audit_main
+
+        return audit_main(argv[1:])
     if argv[:1] in (["-h"], ["--help"]):
         print(USAGE)
         return 0
