@@ -22,6 +22,7 @@ and one mutant. Run it before a stage's closing note, under the heavy-job lock o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import io
 import os
@@ -189,9 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="check that every snippet is found exactly once, run nothing")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant's tests (default 600)")
     ap.add_argument("--tests-at", help="a commit whose tests/ replace the working tree's in the copy")
+    ap.add_argument("--tests", nargs="*", help="run these tests for every mutant instead of the ones each names")
     ap.add_argument("--report", default="results/mutants.md", help="where to write the report ('-': stdout only)")
     args = ap.parse_args(argv)
     mutants = [m for m in MUTANTS if not args.only or m.name in args.only]
+    if args.tests:
+        mutants = [dataclasses.replace(m, tests=tuple(args.tests)) for m in mutants]
     if args.only and len(mutants) != len(set(args.only)):
         unknown = sorted(set(args.only) - {m.name for m in MUTANTS})
         print(f"--only: unknown mutant(s) {unknown}", file=sys.stderr)
