@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
-from mutant_list import MUTANTS  # noqa: E402
+from mutant_list import MUTANTS, Mutant  # noqa: E402,F401 (Mutant: for callers)
 
 #: what the temporary copy leaves out (git's, the virtual environment, built and cached files)
 SKIP = {".git", ".venv", "site", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", "build", "dist",
