@@ -162,7 +162,7 @@ def report(outcomes: list[Outcome], mutants, argv: list[str], tests_at: str | No
         "# Planted bugs and the tests that catch them",
         "",
         "Written by `tools/mutants.py` (issue 56): each mutant is one small bug planted in a temporary copy of the tree; "
-        "the test files it names must fail. How to run it: [testing](../docs/testing.md#planted-bugs-tools-mutantspy).",
+        "the test files it names must fail. How to run it: [testing](../docs/testing.md#planted-bugs).",
         "",
         f"- **caught {caught} / {len(outcomes)}**",
         f"- command: `python tools/{' '.join(['mutants.py', *argv])}`",
