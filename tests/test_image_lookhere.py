@@ -30,7 +30,8 @@ def get_slopes(n):
 
 
 DIR_SHORT_HAND = {
-    "none": [[]] * 4, "zero": [["zero"]] * 4, "center": [["center"]] * 4,
+    "none": [[]] * 4, "zero": [["zero"]] * 4, "none1zero3": [[]] + [["zero"]] * 3,
+    "none2zero2": [[]] * 2 + [["zero"]] * 2, "none3zero1": [[]] * 3 + [["zero"]], "center": [["center"]] * 4,
     "halves": [["up"], ["down"], ["left"], ["right"]],
     "corners": [["up", "left"], ["up", "right"], ["down", "left"], ["down", "right"]],
     "triangles": [["tri_up"], ["tri_down"], ["tri_left"], ["tri_right"]],
@@ -38,6 +39,8 @@ DIR_SHORT_HAND = {
     "eighths1": [["tri_up", "left"], ["tri_down", "left"], ["tri_left", "up"], ["tri_right", "up"]],
     "eighths2": [["tri_up", "right"], ["tri_down", "right"], ["tri_left", "down"], ["tri_right", "down"]],
     "zerohalves": [["zero", "up"], ["zero", "down"], ["zero", "left"], ["zero", "right"]],
+    "zerocorners": [["zero", "up", "left"], ["zero", "up", "right"], ["zero", "down", "left"], ["zero", "down", "right"]],
+    "zerotriangles": [["zero", "tri_up"], ["zero", "tri_down"], ["zero", "tri_left"], ["zero", "tri_right"]],
 }
 
 
@@ -53,12 +56,18 @@ def create_lh_layer_tensor(grid_size, direction, num_heads, distance="linear", f
     elif len(sh) == 2 and num_heads == 12:
         head_names = [sh[0]] * 8 + [sh[1]] * 4
         head_directions = dirs[0] * 2 + dirs[1]
+    elif len(sh) == 2 and num_heads == 16:
+        head_names = [sh[0]] * 8 + [sh[1]] * 8
+        head_directions = dirs[0] * 2 + dirs[1] * 2
     elif len(sh) == 3 and num_heads == 12:
         head_names = [sh[0]] * 4 + [sh[1]] * 4 + [sh[2]] * 4
         head_directions = dirs[0] + dirs[1] + dirs[2]
     elif len(sh) == 3 and num_heads == 16:
         head_names = [sh[0]] * 8 + [sh[1]] * 4 + [sh[2]] * 4
         head_directions = dirs[0] * 2 + dirs[1] + dirs[2]
+    elif len(sh) == 4 and num_heads == 16:
+        head_names = [sh[0]] * 4 + [sh[1]] * 4 + [sh[2]] * 4 + [sh[3]] * 4
+        head_directions = dirs[0] + dirs[1] + dirs[2] + dirs[3]
     head_slopes = []
     for k, v in groupby(head_names):
         if ("zero" in k) or ("center" in k) or ("none" in k):
@@ -166,6 +175,31 @@ def test_lookhere_options_equal_the_reference(directions, kw):
     masked = np.isinf(ref)
     np.testing.assert_allclose(got[~masked], ref[~masked], rtol=1e-6, atol=1e-5)
     assert (got[masked] == MASKED).all()
+
+
+def _assert_equals_reference(pe, grid, directions, heads, **kw):
+    got = pe(grid)[0].double().numpy()  # (heads, N, N)
+    ref = reference_bias(grid, directions, heads, **kw)
+    masked = np.isinf(ref)
+    assert (got[masked] == MASKED).all() and (got[~masked] != MASKED).all()  # every head's field of view
+    np.testing.assert_allclose(got[~masked], ref[~masked], rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("group", sorted(DIR_SHORT_HAND))
+def test_every_group_equals_the_reference_alone_and_among_others(group):
+    """Each of the reference's 15 groups (its ``dir_short_hand``, copied in full above: the list of
+    vispe's ``GROUPS`` is checked against it) on a non-square grid: alone (8 heads: each view twice,
+    the slopes of a group of 8), as the second of two groups of 8 heads and the third of four groups of
+    4 (the reference's 16-head tables), with the slopes and masks of each head."""
+    from vispe.image.lookhere import GROUPS
+
+    assert sorted(GROUPS) == sorted(DIR_SHORT_HAND)
+    grid = (3, 5)
+    other = "corners" if group != "corners" else "halves"  # a group twice in a row is one group to the reference
+    last = "diagonals" if group != "diagonals" else "triangles"
+    for directions, heads in ((group, 8), (f"{other}-{group}", 16), (f"none-{other}-{group}-{last}", 16)):
+        pe = LookHere(heads, directions=directions, layer_slopes=(1.0, 1.0))
+        _assert_equals_reference(pe, grid, directions, heads)
 
 
 def test_head_plan_generalises_the_references_tables():

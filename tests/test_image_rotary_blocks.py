@@ -17,6 +17,7 @@ from vispe.image.liere import LieRE
 from vispe.image.string import STRING, fold_string_, real_fourier_basis
 from vispe.kernels.rope_blocks import apply_blocks, block_rotation_matrix
 from vispe.models.vit import create_vit
+from vispe.registry import build
 
 GRID = (3, 5)  # non-square: a y/x swap cannot cancel
 
@@ -120,30 +121,76 @@ def _offset_spread(logits, shape):
     return spread
 
 
+def _papers_generators(name, kw, pe):
+    """Head 0's generators (G_y, G_x), (d, d) float64 in the layout's channel order, as each paper
+    defines them from the encoding's parameters, and each axis's coordinate step between neighbouring
+    cells (``coords`` of each encoding on ``GRID``, its training grid): for commuting generators the
+    logits of query i and key j are q^T exp(o_y G_y + o_x G_x) k, o = steps * (key cell - query cell)."""
+    h, w = GRID
+    if name == "liere":  # exp(sum_k p_k A_k), p in [0, 1] over the training grid (linspace(0, 1, n))
+        A = pe.generator_matrices().detach().double()[0]  # (2, nb, b, b)
+        gens, steps = [torch.block_diag(*A[k]) for k in range(2)], (1 / (h - 1), 1 / (w - 1))
+    elif name == "comrope":  # exp(y A_y) exp(x A_x), unit coordinates (i + 0.5) / n
+        A = pe.axis_generators().detach().double()[0]  # (2, nb, b, b)
+        gens, steps = [torch.block_diag(*A[k]) for k in range(2)], (1 / h, 1 / w)
+    elif kw["variant"] == "cayley":  # P^T R(p) = exp(sum_k p_k P^T Lambda_k P), p the cell index
+        P = pe.basis().detach().double()[0]  # (d, d), interleaved pairs (2i, 2i + 1)
+        f = pe.frequencies().detach().double()[0]  # (d/2, 2) as (fy, fx)
+        gens, i = [], torch.arange(f.shape[0])
+        for k in range(2):
+            lam = torch.zeros(2 * len(i), 2 * len(i), dtype=torch.float64)
+            lam[2 * i + 1, 2 * i], lam[2 * i, 2 * i + 1] = f[:, k], -f[:, k]  # RoPE: (x1, x2) -> (x1 cos - x2 sin, ..)
+            gens.append(P.t() @ lam @ P)
+        steps = (1.0, 1.0)
+    else:  # circulant: F^T R(p) = exp(sum_k p_k (C_k - C_k^T)), C_k[i, j] = c_k[(j - i) mod b]
+        c = pe.first_rows().detach().double()[0, :, 0]  # (2, b): y then x
+        b = c.shape[-1]
+        idx = (torch.arange(b)[None] - torch.arange(b)[:, None]) % b
+        gens, steps = [c[k][idx] - c[k][idx].t() for k in range(2)], (1.0, 1.0)
+    return gens, steps
+
+
+def _papers_logits(gens, steps, q, k):
+    """q^T exp(o_y G_y + o_x G_x) k for every (query, key) pair of ``GRID``.  # (N, N)"""
+    h, w = GRID
+    cells = torch.stack(torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij"), -1).reshape(-1, 2).double()
+    off = (cells[None] - cells[:, None]) * torch.tensor(steps, dtype=torch.float64)  # (N, N, 2) key minus query
+    M = torch.linalg.matrix_exp(off[..., 0, None, None] * gens[0] + off[..., 1, None, None] * gens[1])  # (N, N, d, d)
+    return torch.einsum("a,ijab,b->ij", q, M, k)
+
+
 @pytest.mark.parametrize("name, kw, relative", [
     ("liere", dict(block_size=2), True), ("liere", dict(block_size=4), False),
     ("comrope", dict(variant="ld", block_size=4), True), ("comrope", dict(variant="ap", block_size=4), True),
     ("string", dict(variant="cayley", cayley_std=0.5), True), ("string", dict(variant="circulant", block_size=8), True),
 ])
 def test_relative_property_where_the_papers_claim_it(name, kw, relative):
-    """Logits depend only on the offset for commuting generators; LieRE's non-commuting blocks do not
-    have the property (the test documents it: the spread is large)."""
+    """Logits depend only on the offset for commuting generators, and as the paper says: q^T exp(o_y G_y
+    + o_x G_x) k with the paper's generators of each axis (a whole-rotation sign flip or a y/x swap
+    keeps logits relative, not equal to these); LieRE's non-commuting blocks do not have the property
+    (the test documents it: the spread is large)."""
     torch.manual_seed(0)
-    cls = {"liere": LieRE, "comrope": ComRoPE, "string": STRING}[name]
-    pe = cls(8, 1, grid=GRID, **kw).eval()
-    if name == "string" and kw["variant"] == "circulant":
-        with torch.no_grad():
-            pe.c.normal_(0, 0.5)  # a rotation that turns visibly across the grid
+    pe = build(name, head_dim=8, num_heads=1, grid=GRID, **kw).eval()
+    with torch.no_grad():  # generators that turn visibly across the grid (LieRE's init is already large)
+        for pname, p in pe.named_parameters():
+            if name != "liere" or pname != "generators":
+                p.normal_(0, 0.5)
     R = pe(GRID).double()
     if R.dim() == 6:  # block rotations are orthogonal
         eye = torch.eye(R.shape[-1], dtype=R.dtype)
         assert (R.transpose(-1, -2) @ R - eye).abs().max() < 1e-5
     q, k = torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
-    spread = _offset_spread(_logits(R, q, k), GRID)
-    if relative:
-        assert spread < 1e-4, spread
-    else:
+    logits = _logits(R, q, k)
+    spread = _offset_spread(logits, GRID)
+    if not relative:
         assert spread > 1e-2, spread  # exp(A + B) != exp(A) exp(B)
+        return
+    assert spread < 1e-4, spread
+    (gy, gx), steps = _papers_generators(name, kw, pe)
+    want = _papers_logits((gy, gx), steps, q, k)
+    torch.testing.assert_close(logits, want, rtol=0, atol=1e-4)
+    for wrong in ((-gy, -gx), (gx, gy)):  # what the check sees: a sign flip, a y/x swap
+        assert (_papers_logits(wrong, steps, q, k) - want).abs().max() > 0.02
 
 
 # --- ComRoPE against its reference -----------------------------------------------------------------

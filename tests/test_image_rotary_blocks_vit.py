@@ -3,27 +3,52 @@
 themselves against their references: test_image_rotary_blocks.py)."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from vispe.models.vit import create_vit
 
 
+def _positions_seen(m, x, autocast: bool):
+    """What every layer's encoding returned while a fresh copy of ``m`` ran ``x`` (forward hooks: the
+    rotations or the bias the model applied, no cache read in between), and the logits."""
+    m = copy.deepcopy(m)  # an empty table cache: each layer computes its positions in this pass
+    seen = []
+    for blk in m.blocks:
+        blk.attn.pe.register_forward_hook(lambda mod, args, out: seen.append(out))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        logits = m(x)
+    return seen, logits
+
+
 @pytest.mark.parametrize("pe", ["liere", "comrope", "string", "lookhere"])
 def test_whole_vit_float32_and_bfloat16_autocast_agree(pe):
-    """Rotations and biases are computed in float32 under autocast (the contract); the model's
-    bf16 logits stay close to float32's."""
+    """Rotations and biases are computed in float32 under autocast (the contract): the rotations the
+    model applies under bfloat16 autocast are float32 and equal float32's to float32 rounding (a
+    bfloat16 product would be off by ~1e-2), LookHere's bias is float32's cast once to bfloat16; the
+    logits stay close."""
     torch.manual_seed(0)
     m = create_vit("vit_pico", pe=pe, embed_dim=32, depth=2, num_heads=2, img_size=(12, 16), patch_size=4,
                    num_classes=5, class_token=True).eval()
+    with torch.no_grad():  # rotations that turn visibly across the grid, so that their rounding shows
+        for name, p in m.named_parameters():
+            if ".attn.pe." in name:
+                p.add_(torch.randn_like(p) * 0.5)
     x = torch.randn(2, 3, 12, 16)
-    with torch.no_grad():
-        ref = m(x)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            low = m(x)
+    ref_pos, ref = _positions_seen(m, x, autocast=False)
+    low_pos, low = _positions_seen(m, x, autocast=True)
+    assert len(ref_pos) == len(low_pos) == 2  # each layer computed its own
+    for a, b in zip(low_pos, ref_pos):
+        assert b.dtype == torch.float32 and (b - b[:, :, :1]).abs().max() > 0.1  # positions that vary
+        if pe == "lookhere":  # a bias is cast to the logits' dtype at the end: float32's, rounded once
+            assert a.dtype == torch.bfloat16 and torch.equal(a, b.to(torch.bfloat16))
+        else:
+            assert a.dtype == torch.float32
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
     assert low.dtype == torch.bfloat16
     torch.testing.assert_close(low.float(), ref, rtol=0.05, atol=0.05)
-
 
 
 # --- compile and export: one model, one block encoding per layer ------------------------------------

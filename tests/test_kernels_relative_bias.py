@@ -38,33 +38,57 @@ def _grads(fn, leaves, g):
     return [out, *torch.autograd.grad(out, leaves, g)]
 
 
+def _relative_case(shape, P, padded, dtype, B=3, H=2, d=8):
+    """q, k, v, table, prefix scalars (dtype, leaves), a key padding mask and an output gradient."""
+    h, w = shape
+    L = P + h * w
+    leaf = dict(dtype=dtype, requires_grad=True)
+    q, k, v = (torch.randn(B, H, L, d, **leaf) for _ in range(3))
+    table = torch.randn((2 * h - 1) * (2 * w - 1), H, **leaf)
+    prefix = tuple(torch.randn(*s, **leaf) for s in ((H, P, P), (H, P), (H, P))) if P else None
+    kpm = None
+    if padded:
+        kpm = torch.zeros(B, L, dtype=torch.bool)
+        kpm[1 % B, -2:] = True
+        kpm[2 % B, P::2] = True
+    return q, k, v, table, prefix, kpm, torch.randn(B, H, L, d, dtype=dtype)
+
+
+def _relative_against_dense(shape, P, padded, chunk_bytes, dtype, tol, **kw):
+    """The relative kernel in ``dtype`` against SDPA with the dense bias in float64 on the same numbers."""
+    q, k, v, table, prefix, kpm, g = _relative_case(shape, P, padded, dtype, **kw)
+    leaves = [q, k, v, table, *(prefix or ())]
+    rel = RelativeBias(table, shape, prefix, dense=None)
+    got = _grads(lambda: relative_attention(q, k, v, rel, kpm, chunk_bytes), leaves, g)
+    wide = [t.detach().double().requires_grad_() for t in leaves]
+    qw, kw_, vw, tw, *pw = wide
+    want = _grads(lambda: attend(qw, kw_, vw, bias=dense(tw, shape, tuple(pw) if P else None), key_padding_mask=kpm,
+                                 impl="reference"), wide, g.double())
+    for name, a, b in zip(["out", "q", "k", "v", "table", "p2p", "p2t", "t2p"], got, want):
+        assert a.dtype == dtype, name
+        torch.testing.assert_close(a.double(), b, **tol, msg=name)
+
+
 @pytest.mark.parametrize("shape", [(3, 5), (5, 3), (1, 4)])
 @pytest.mark.parametrize("P", [0, 2])
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("chunk_bytes", [2**30, 1])  # one block; one grid row of one head of one item per block
-def test_relative_attention_equals_sdpa_with_the_dense_bias(shape, P, padded, chunk_bytes):
-    """Output and the gradients of q, k, v, the table and the prefix scalars, float64, non-square grids,
-    prefix tokens, a padded batch, one block or the smallest blocks."""
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_relative_attention_equals_sdpa_with_the_dense_bias(shape, P, padded, chunk_bytes, dtype):
+    """Output and the gradients of q, k, v, the table and the prefix scalars, non-square grids, prefix
+    tokens, a padded batch, one block or the smallest blocks; float64 (to 1e-10) and float32, the
+    branch training takes (SDPA's log-sum-exp kept for the backward), against float64."""
     torch.manual_seed(0)
-    (h, w), B, H, d = shape, 3, 2, 8
-    L = P + h * w
-    f64 = dict(dtype=torch.float64, requires_grad=True)
-    q, k, v = (torch.randn(B, H, L, d, **f64) for _ in range(3))
-    table = torch.randn((2 * h - 1) * (2 * w - 1), H, **f64)
-    prefix = tuple(torch.randn(*s, **f64) for s in ((H, P, P), (H, P), (H, P))) if P else None
-    kpm = None
-    if padded:
-        kpm = torch.zeros(B, L, dtype=torch.bool)
-        kpm[1, -2:] = True
-        kpm[2, P::2] = True
-    leaves = [q, k, v, table, *(prefix or ())]
-    g = torch.randn(B, H, L, d, dtype=torch.float64)
-    rel = RelativeBias(table, (h, w), prefix, dense=None)
-    got = _grads(lambda: relative_attention(q, k, v, rel, kpm, chunk_bytes), leaves, g)
-    want = _grads(lambda: attend(q, k, v, bias=dense(table, (h, w), prefix), key_padding_mask=kpm,
-                                 impl="reference"), leaves, g)
-    for name, a, b in zip(["out", "q", "k", "v", "table", "p2p", "p2t", "t2p"], got, want):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=name)
+    tol = dict(rtol=1e-10, atol=1e-10) if dtype == torch.float64 else dict(rtol=1e-4, atol=2e-5)
+    _relative_against_dense(shape, P, padded, chunk_bytes, dtype, tol)
+
+
+@pytest.mark.parametrize("P", [0, 1])
+def test_float32_backward_from_512_keys_equals_the_dense_bias(P):
+    """From 512 keys on, float32's backward takes its own products (oneDNN's linear where torch has it,
+    ``vispe.kernels.relative_bias``): a 16 x 33 grid, padded, with and without a prefix token."""
+    torch.manual_seed(0)
+    _relative_against_dense((16, 33), P, True, 2**22, torch.float32, dict(rtol=1e-4, atol=2e-5), B=2, H=2, d=8)
 
 
 @pytest.mark.parametrize("name,kw", RELATIVE)

@@ -238,3 +238,58 @@ def test_qwen3_vl_table_per_image_in_a_padded_batch():
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="align_corners='yes': expected True or False"):
         build("learned_abs", dim=8, grid=(5, 5), align_corners="yes")
+
+
+# --- the tower classes' own settings ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def converted():
+    """Each rotary tower converted from transformers' tiny random model (results/compare/parity_towers.py),
+    with the original's rotary theta (its config's, read here, not the tower's)."""
+    from tests.conftest import load_compare_script
+    from vispe.models.vit import convert_vit
+
+    pt = load_compare_script("parity_towers")
+    out = {}
+    for name in ("qwen2_vl", "pixtral", "llama4"):
+        original = pt.TOWERS[name].build("tiny")
+        cfg = getattr(original.config, "vision_config", original.config)
+        params = getattr(cfg, "rope_parameters", None) or {}
+        theta = float(params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+        out[name] = convert_vit(original).eval(), theta
+    return out
+
+
+def _tower_encodings(model):
+    """The rotary encodings of the converted tower's attention layers (one per layer).  # list"""
+    pes = [m for n, m in model.named_modules() if n.split(".")[-1] == "pe" and getattr(m, "family", "") == "rotary"]
+    assert len(pes) >= 2
+    return pes
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_each_towers_own_encoding_is_its_originals_convention(converted, shape):
+    """The encodings the tower classes build (``native_pe``: Qwen2-VL's base theta in merge-block order,
+    Pixtral's even/odd split, Llama 4's x first, interleaved and 1-based) against the references above,
+    position by position on non-square grids, in every layer: the classes' settings, not only
+    rope_axial's options."""
+    h, w = shape
+    model, theta = converted["qwen2_vl"]
+    for pe in _tower_encodings(model):
+        a = pe(shape)[0, 0][merge_block_cells(h, w, 2)]  # (N, head_dim/2)
+        cos, sin = qwen2_vl_reference(torch.tensor([[1, h, w]]), pe.head_dim, theta, 2)
+        torch.testing.assert_close(torch.cat([a, a], -1).cos(), cos, rtol=0, atol=1e-6)
+        torch.testing.assert_close(torch.cat([a, a], -1).sin(), sin, rtol=0, atol=1e-6)
+    model, theta = converted["pixtral"]
+    for pe in _tower_encodings(model):
+        a = pe(shape)[0, 0]
+        cos, sin = pixtral_reference(h, w, pe.head_dim, theta)
+        torch.testing.assert_close(torch.cat([a, a], -1).cos(), cos, rtol=0, atol=1e-6)
+        torch.testing.assert_close(torch.cat([a, a], -1).sin(), sin, rtol=0, atol=1e-6)
+    model, theta = converted["llama4"]
+    for pe in _tower_encodings(model):
+        a = pe(shape)[0, 0]
+        a = torch.cat([a, a.new_zeros(1, a.shape[-1])])  # the class token, appended and unrotated
+        ref = llama4_reference(h, w, pe.head_dim, theta)  # (N + 1, 1, head_dim/2)
+        q = torch.randn(2, h * w + 1, 1, pe.head_dim)  # (B, N + 1, heads, head_dim)
+        got = apply_rope(q.transpose(1, 2), a, pe.layout).transpose(1, 2)
+        torch.testing.assert_close(got, llama4_apply(q, ref), rtol=0, atol=1e-5)
