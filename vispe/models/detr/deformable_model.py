@@ -18,9 +18,12 @@ Data flow (d = d_model, L levels, N tokens of all levels, Q queries, K classes):
          class_embed[i], pred_boxes (B, Q, 4) sigmoid(bbox_embed[i](t) + inverse_sigmoid(anchors));
          aux_outputs for the layers before the last; "enc_outputs" (every token's proposal) when two-stage.
 
-There is no final decoder norm (the papers' post-norm layers end with one). With refinement
-(``with_box_refine`` / DAB's ``iter_refine``) the heads are one per layer (Deformable DETR's clones),
-else one class and one box head shared by the layers (and by the two-stage proposals). Parameter
+The strategy decides the decoder norm and the heads (``decode.decode_loop`` is the loop of both operators):
+Deformable DETR's design has no decoder norm (the papers' post-norm layers end with one) and, with
+``with_box_refine``, one head per layer (the paper's clones), else one class and one box head shared by
+the layers (and by the two-stage proposals); DAB on this operator is DINO's: the decoder norm on every
+layer's output and heads shared by the layers (``formulation="legacy"``: vispe's earlier per-layer
+heads, no norm). ``forward(images, mask, targets)`` runs a strategy's extra queries (``outputs``). Parameter
 names follow transformers' and the papers' (``input_proj.{l}.{0,1}``, ``level_pos.level_embed``,
 ``encoder.layers.{i}``, ``decoder.layers.{i}``, ``class_embed.{i}``, ``bbox_embed.{i}.layers.{j}``,
 ``queries.reference_points``, ``queries.enc_output``, ...); ``load_detr`` maps theirs onto them.

@@ -4,7 +4,7 @@
 |---|---|
 | ``"detr"`` | none (the object queries' placement is ``query_pos_at`` / ``pe_at["queries"]``) |
 | ``"conditional"`` | ``anchor_pe`` ("sine"), ``anchor_pe_kwargs``, ``keep_query_pos`` (False) |
-| ``"dab"`` | ``anchor_pe``, ``anchor_pe_kwargs``, ``query_dim`` (4 boxes or 2 points), ``modulate_hw`` (default: on with boxes and additive keys), ``iter_refine`` (True), ``random_refpoints_xy`` (False: the anchors' (cx, cy) drawn uniformly and kept fixed), ``keep_query_pos`` (False), ``enc_pos_scale`` (default: on where the encoder adds an additive code at its attention layers: DAB's encoder scales that code by an MLP of the tokens) |
+| ``"dab"`` | ``anchor_pe``, ``anchor_pe_kwargs``, ``query_dim`` (4 boxes or 2 points), ``modulate_hw`` (default: on with boxes and additive keys), ``iter_refine`` (True), ``random_refpoints_xy`` (False: the anchors' (cx, cy) drawn uniformly and kept fixed), ``keep_query_pos`` (False), ``enc_pos_scale`` (default: on where the encoder adds an additive code at its attention layers: DAB's encoder scales that code by an MLP of the tokens), ``look_forward_twice`` (False; DINO's: the next layer's boxes reach this layer's refinement), ``formulation`` (deformable operator only: "dino", the default, or "legacy") |
 
 How anchors meet the keys (``Design.cross.keys``) follows from the decoder's key encoding (``dec_pe``,
 else ``pe``): an additive one gives the papers' concatenated spatial part ("concat"); a rotary one

@@ -136,6 +136,8 @@ def architecture(state: dict, hints: dict) -> dict:
         arch["num_queries"] = state["query_embed.weight"].shape[0]
     arch.update({k: hints[k] for k in ("dilation", "nheads", "dropout", "attn_dropout", "aux_loss", "n_points",
                                        "num_queries") if k in hints})
+    if refine:  # the source's auxiliary_loss=False only drops the auxiliary outputs (the final ones are the same);
+        arch["aux_loss"] = True  # vispe's per-layer heads need them to train, and refuse aux_loss=False
     if "nheads" in arch and "n_points" not in arch:  # sampling_offsets: heads * levels * points * 2 rows
         arch["n_points"] = state["encoder.layers.0.self_attn.sampling_offsets.weight"].shape[0] // (arch["nheads"] * L * 2) \
             if arch["enc_layers"] else 4
