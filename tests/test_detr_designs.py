@@ -9,10 +9,10 @@ import torch
 
 import vispe
 from vispe.models.detr import create_detr
-from vispe.models.detr.deformable_design import DESIGNS_ONLY
 from vispe.models.detr.designs import STRATEGIES, CrossSpec, Design, LayerSpec, build_design
 from vispe.models.detr.placement import Placement
 from vispe.models.detr.queries import DabQueries
+from vispe.models.detr.rules import DESIGNS_ONLY
 
 TINY = dict(backbone="small_cnn", backbone_widths=(4, 8, 8, 16), d_model=16, nheads=2, enc_layers=1, dec_layers=2,
             dim_feedforward=16, num_queries=3, dropout=0.0)
@@ -86,7 +86,7 @@ _POSITIONED_NEED = ("needs the decoder's keys to carry an additive code (the pap
 def expected_refusal(label: str) -> str | None:
     """The exact start of the message create_detr must refuse ``label`` with, or None where it must build. The
     rule, read off each encoding's family in the registry: DETR's object queries have no 2D position, so its
-    decoder keys need an additive code (``placement.check_family``); the positioned designs take an additive or
+    decoder keys need an additive code (``rules.check_family``); the positioned designs take an additive or
     a rotary one, never a bias (it needs queries on the grid) nor a conditional one (a convolution of the
     features). Everything else in ``configurations()`` builds."""
     design, rest = label.split(" ", 1)

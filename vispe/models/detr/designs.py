@@ -30,7 +30,7 @@ one initialisation, DETR's own, under either name.
 A cross-attention operator is ``CrossSpec.operator`` (``create_detr(attention=...)``): "dense"
 (``transformer.CROSS_OPERATORS``: every query against every memory cell) or "deformable" (Deformable
 DETR's multi-scale sampling at each query's reference point, ``vispe.models.detr.deformable_model``;
-its checks: ``vispe.models.detr.deformable_design``). A query strategy is a ``queries.QueryPositions``
+its checks: ``vispe.models.detr.rules``). A query strategy is a ``queries.QueryPositions``
 subclass in ``STRATEGIES`` (here): "detr", "conditional", "dab", and "deformable" (Deformable DETR's
 own, ``vispe.models.detr.deformable_queries``). On the deformable operator the designs are
 "deformable" and "dab" (DAB's anchors become the reference points: DINO's query formulation, without
@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vispe.models.detr import deformable_design
+from vispe.models.detr import rules
 from vispe.models.detr.deformable_queries import DeformableQueries
-from vispe.models.detr.placement import Placement, check_family
+from vispe.models.detr.placement import Placement
 from vispe.models.detr.queries import ConditionalQueries, DabQueries, QueryPositions, StrategyContext
 from vispe.registry import get
 
@@ -129,13 +129,13 @@ def build_design(decoder: str, decoder_kwargs: dict, *, box_bias: str | None = N
     _check_choice("box_bias", box_bias, BOX_BIASES, box_bias_kwargs)
     _check_choice("query_relation", query_relation, RELATIONS, query_relation_kwargs)
     if attention == "deformable":
-        deformable_design.check(decoder, kw, placement=placement, pe=pe, dec_pe=dec_pe, box_bias=box_bias, init=init)
-    elif decoder in deformable_design.DESIGNS_ONLY:
+        rules.check(decoder, kw, placement=placement, pe=pe, dec_pe=dec_pe, box_bias=box_bias, init=init)
+    elif decoder in rules.DESIGNS_ONLY:
         raise ValueError(f"decoder={decoder!r} with attention='dense': Deformable DETR's queries sample the memory at "
                          "their reference points; expected attention='deformable' (or a dense design: "
                          "'detr', 'conditional', 'dab')")
     else:
-        check_family(pe, get(pe).family, placement, dec_pe, get(dec_pe).family if dec_pe is not None else None,
+        rules.check_family(pe, get(pe).family, placement, dec_pe, get(dec_pe).family if dec_pe is not None else None,
                      design=decoder)
     if decoder != "detr" and placement.queries != "attn":
         raise ValueError(f"pe_at['queries']={placement.queries!r} with decoder={decoder!r}: positioned queries take "

@@ -46,6 +46,7 @@ from vispe.models.detr.mlp import MLP
 from vispe.models.detr.outputs import outputs_dict, with_extra_queries
 from vispe.models.detr.placement import parse_placement
 from vispe.models.detr.relation import PositionRelation
+from vispe.models.detr.rules import check_used
 from vispe.models.detr.transformer import Transformer
 from vispe.models.detr.upgrade import resolved_decoder_kwargs
 from vispe.registry import build_in, get
@@ -95,7 +96,7 @@ class DETR(nn.Module):
         if grid is not None:
             context["grid"] = _checks.grid_shape("grid", grid)
         self.pe = self.dec_pe = None
-        _check_used(pe, self.pe_family, placement, dec_pe, self.keys)
+        check_used(pe, self.pe_family, placement, dec_pe, self.keys)
         if self.pe_family in ("additive", "conditional"):
             self.pe = build_in(pe, context, **pe_kwargs)
         elif self.pe_family in ("rotary", "bias") and placement.encoder == "attn":
@@ -171,18 +172,6 @@ class DETR(nn.Module):
                  "weight_decay": weight_decay}]
 
 
-def _check_used(pe: str, family: str, placement, dec_pe: str | None, keys: str) -> None:
-    """Refuse an encoding no layer would use: its settings (and any parameter) would be ignored."""
-    if family == "none" or placement.encoder != "none":
-        return
-    if placement.decoder != "none" and dec_pe is None:
-        return
-    where = ("the decoder takes no position" if placement.decoder == "none" else
-             f"the decoder's keys take dec_pe={dec_pe!r}")
-    raise ValueError(f"pe={pe!r} is used nowhere: pe_at encoder='none' and {where}; expected pe='none' or a place "
-                     "that uses it")
-
-
 def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", backbone_weights=None,
                 dilation: bool = False, train_backbone: bool = True, backbone_widths=None,
                 backbone_kwargs: dict | None = None, backbone_mask_aware: bool = False, pe: str = "sine", pe_kwargs: dict | None = None,
@@ -248,7 +237,7 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
         attention: the decoder's cross-attention operator: "dense" (this module's ``DETR``) or
             "deformable" (multi-scale deformable attention in encoder and decoder: Deformable DETR,
             ``vispe.models.detr.deformable_model``; designs ``decoder="deformable"`` or ``"dab"``, what
-            each option means there: ``vispe.models.detr.deformable_design``), with
+            each option means there: ``vispe.models.detr.rules``), with
             ``num_feature_levels`` (4), ``n_points`` (4, or (encoder, decoder)) and ``level_pe``
             ("learned", the default, or "none"), ``backbone_levels`` (how many levels the backbone
             gives, the rest extra stride-2 convolutions; default min(L, 3))

@@ -42,11 +42,11 @@ from timm.layers import Mlp
 from torch import nn
 
 from vispe.attention import Attention, PosContext
-from vispe.encoding import PositionEncoding
 from vispe.models.detr.box_bias import BoxRPB
 from vispe.models.detr.decode import decode_loop
 from vispe.models.detr.designs import LayerSpec
-from vispe.models.detr.mlp import MLP
+from vispe.models.detr.init import xavier_matrices
+from vispe.models.detr.mlp import ACTIVATIONS, MLP
 from vispe.models.detr.queries import LayerPositions
 
 
@@ -54,7 +54,6 @@ def _attention(d_model: int, nheads: int, dropout: float, attn_dropout: float, *
     return Attention(d_model, nheads, qkv_bias=True, attn_drop=attn_dropout, proj_drop=dropout, **kw)
 
 
-ACTIVATIONS = {"relu": nn.ReLU, "prelu": nn.PReLU, "gelu": nn.GELU}  # FFN activation (DAB-DETR: prelu)
 
 
 class EncoderLayer(nn.Module):
@@ -136,10 +135,7 @@ class Transformer(nn.Module):
     def _reset_parameters(self) -> None:
         """DETR's init: Xavier-uniform for every matrix of the transformer's own layers, zero attention
         biases (as nn.MultiheadAttention); encodings attached to its attentions keep their own."""
-        own = {id(p) for m in self.modules() if isinstance(m, PositionEncoding) for p in m.parameters()}
-        for p in self.parameters():
-            if p.dim() > 1 and id(p) not in own:
-                nn.init.xavier_uniform_(p)
+        xavier_matrices(self)
         for m in self.modules():
             if isinstance(m, Attention):
                 nn.init.zeros_(m.qkv.bias)
