@@ -83,7 +83,7 @@ class DetectionTask:
         plain DETR is ``sine``."""
         d = cfg.detr
         pe_at = OmegaConf.to_container(d.pe_at) if OmegaConf.is_config(d.pe_at) else d.pe_at
-        parts = [d.decoder if d.decoder != "detr" else None,
+        parts = [d.decoder if d.decoder not in ("detr", None) else None,
                  f"dec_pe={d.dec_pe}" if d.dec_pe is not None else None,
                  d.box_bias,
                  d.query_relation,

@@ -90,12 +90,12 @@ class DetrModelConfig:
     backbone_widths: Optional[List[int]] = None  # small_cnn channels per stage
     dilation: bool = False
     train_backbone: bool = True
-    num_queries: int = 100
+    num_queries: Optional[int] = None  # None: the attention's paper (dense: DETR's 100, deformable: 300)
     d_model: int = 256
     nheads: int = 8
     enc_layers: int = 6
     dec_layers: int = 6
-    dim_feedforward: int = 2048
+    dim_feedforward: Optional[int] = None  # None: the attention's paper (dense: DETR's 2048, deformable: 1024)
     dropout: float = 0.1
     pe_at: Any = "attn"  # none | input | attn, or {encoder: ..., decoder: ..., queries: ...}
     query_pos_at: str = "attn"
@@ -103,7 +103,7 @@ class DetrModelConfig:
     dec_pe_kwargs: Dict[str, Any] = field(default_factory=dict)
     grid: Optional[List[int]] = None  # feature grid of encodings with grid-sized tables
     aux_loss: bool = True
-    decoder: str = "detr"  # detr | conditional | dab: the object queries' positions (vispe.models.detr.designs)
+    decoder: Optional[str] = None  # detr | conditional | dab | deformable (None: detr, deformable with attention=deformable)
     decoder_kwargs: Dict[str, Any] = field(default_factory=dict)  # the design's options (e.g. query_dim, modulate_hw)
     box_bias: Optional[str] = None  # boxrpb: Plain-DETR's box-to-pixel bias in cross-attention (decoder=dab)
     box_bias_kwargs: Dict[str, Any] = field(default_factory=dict)  # hidden, transform (linear | abs_log8), stride

@@ -2,7 +2,7 @@
 Deformable DETR's code does (fundamentalvision/Deformable-DETR ``models/deformable_detr.py`` and
 ``deformable_transformer.py``).
 
-The options (besides ``create_detr``'s own; what each design accepts: ``deformable_design``):
+The options (besides ``create_detr``'s own; what each design accepts: ``rules``):
 
 * ``num_feature_levels`` (4): levels L; the backbone gives ``backbone_levels`` of them (default
   ``multiscale.backbone_levels(L)``: min(L, 3), 1 for one level; its last ones: a ResNet's C3-C5, C5
@@ -31,16 +31,16 @@ import torch
 from torch import nn
 
 from vispe import _checks
-from vispe.encoding import PositionEncoding
 from vispe.models.detr.backbone import RESNETS
 from vispe.models.detr.deformable_decoder import DeformableDecoderLayer
 from vispe.models.detr.deformable_encoder import DeformableEncoder
 from vispe.models.detr.deformable_model import DeformableDecoder, DeformableDETR
 from vispe.models.detr.designs import CLASS_HEADS, fix_refpoints_xy
-from vispe.models.detr.init import PRIOR_PROB
+from vispe.models.detr.init import PRIOR_PROB, xavier_matrices
 from vispe.models.detr.level_pos import LevelPositions
 from vispe.models.detr.multiscale import InputProjection, build_multiscale_backbone
 from vispe.models.detr.relation import PositionRelation
+from vispe.models.detr.rules import check_heads, check_level_pe
 from vispe.registry import build_in, get
 
 LEVEL_PES = ("learned", "none")
@@ -62,7 +62,8 @@ def build_deformable(num_classes: int, *, design, placement, backbone, backbone_
     """The detector (module docstring); ``design`` from ``designs.build_design(attention="deformable")``."""
     L = _checks.positive_int("num_feature_levels", 4 if num_feature_levels is None else num_feature_levels)
     enc_points, dec_points = _points(4 if n_points is None else n_points)
-    level_pe = _checks.choice("level_pe", "learned" if level_pe is None else level_pe, LEVEL_PES)
+    level_pe = _checks.choice("level_pe", check_level_pe(level_pe, placement), LEVEL_PES)
+    check_heads(design.queries, aux_loss)
     if dec_pe_kwargs:
         raise ValueError(f"dec_pe_kwargs={dec_pe_kwargs!r} with attention='deformable': there is no decoder key "
                          "encoding to take them")
@@ -87,8 +88,9 @@ def build_deformable(num_classes: int, *, design, placement, backbone, backbone_
                          f"level_pe={level_pe!r}) enters only the encoder's layers, so it would be used nowhere; "
                          "expected pe_at encoder='input' (added to the memory), or pe='none' and level_pe='none'")
     encoder = DeformableEncoder(d_model, nheads, enc_layers, dim_feedforward, dropout, L, enc_points, activation)
-    decoder = DeformableDecoder(DeformableDecoderLayer(d_model, nheads, dim_feedforward, dropout, L, dec_points,
-                                                       activation, attn_dropout) for _ in range(dec_layers))
+    decoder = DeformableDecoder((DeformableDecoderLayer(d_model, nheads, dim_feedforward, dropout, L, dec_points,
+                                                        activation, attn_dropout) for _ in range(dec_layers)),
+                                nn.LayerNorm(d_model) if design.queries.decoder_norm else None)
     head = _checks.choice("class_head", class_head or design.class_head, CLASS_HEADS)
     model = DeformableDETR(net, proj, level_pos, encoder, decoder, design, num_classes=num_classes,
                            num_queries=num_queries, placement=placement, pe=peg, aux_loss=aux_loss, class_head=head)
@@ -122,9 +124,6 @@ def deformable_init(model: DeformableDETR) -> None:
             nn.init.zeros_(box.layers[-1].bias)
         if q.design == "deformable" and not q.two_stage:
             nn.init.constant_(model.bbox_embed[0].layers[-1].bias[2:], -2.0)
-        own = {id(p) for m in q.modules() if isinstance(m, PositionEncoding) for p in m.parameters()}
-        for p in q.parameters():
-            if p.dim() > 1 and id(p) not in own:
-                nn.init.xavier_uniform_(p)
+        xavier_matrices(q)
         if getattr(q, "reference_points", None) is not None:
             nn.init.zeros_(q.reference_points.bias)

@@ -28,8 +28,7 @@ from vispe import _checks
 from vispe.coords import level_reference_points
 from vispe.deformable_attention import MSDeformAttn
 from vispe.kernels.deformable import Levels
-
-ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU}
+from vispe.models.detr.mlp import ACTIVATIONS
 
 
 def ffn(d_model: int, dim_feedforward: int, dropout: float, activation: str = "relu") -> Mlp:

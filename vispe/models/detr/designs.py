@@ -4,7 +4,7 @@
 |---|---|
 | ``"detr"`` | none (the object queries' placement is ``query_pos_at`` / ``pe_at["queries"]``) |
 | ``"conditional"`` | ``anchor_pe`` ("sine"), ``anchor_pe_kwargs``, ``keep_query_pos`` (False) |
-| ``"dab"`` | ``anchor_pe``, ``anchor_pe_kwargs``, ``query_dim`` (4 boxes or 2 points), ``modulate_hw`` (default: on with boxes and additive keys), ``iter_refine`` (True), ``random_refpoints_xy`` (False: the anchors' (cx, cy) drawn uniformly and kept fixed), ``keep_query_pos`` (False), ``enc_pos_scale`` (default: on where the encoder adds an additive code at its attention layers: DAB's encoder scales that code by an MLP of the tokens) |
+| ``"dab"`` | ``anchor_pe``, ``anchor_pe_kwargs``, ``query_dim`` (4 boxes or 2 points), ``modulate_hw`` (default: on with boxes and additive keys), ``iter_refine`` (True), ``random_refpoints_xy`` (False: the anchors' (cx, cy) drawn uniformly and kept fixed), ``keep_query_pos`` (False), ``enc_pos_scale`` (default: on where the encoder adds an additive code at its attention layers: DAB's encoder scales that code by an MLP of the tokens), ``look_forward_twice`` (False; DINO's: the next layer's boxes reach this layer's refinement), ``formulation`` (deformable operator only: "dino", the default, or "legacy") |
 
 How anchors meet the keys (``Design.cross.keys``) follows from the decoder's key encoding (``dec_pe``,
 else ``pe``): an additive one gives the papers' concatenated spatial part ("concat"); a rotary one
@@ -30,7 +30,7 @@ one initialisation, DETR's own, under either name.
 A cross-attention operator is ``CrossSpec.operator`` (``create_detr(attention=...)``): "dense"
 (``transformer.CROSS_OPERATORS``: every query against every memory cell) or "deformable" (Deformable
 DETR's multi-scale sampling at each query's reference point, ``vispe.models.detr.deformable_model``;
-its checks: ``vispe.models.detr.deformable_design``). A query strategy is a ``queries.QueryPositions``
+its checks: ``vispe.models.detr.rules``). A query strategy is a ``queries.QueryPositions``
 subclass in ``STRATEGIES`` (here): "detr", "conditional", "dab", and "deformable" (Deformable DETR's
 own, ``vispe.models.detr.deformable_queries``). On the deformable operator the designs are
 "deformable" and "dab" (DAB's anchors become the reference points: DINO's query formulation, without
@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vispe.models.detr import deformable_design
+from vispe.models.detr import rules
 from vispe.models.detr.deformable_queries import DeformableQueries
-from vispe.models.detr.placement import Placement, check_family
+from vispe.models.detr.placement import Placement
 from vispe.models.detr.queries import ConditionalQueries, DabQueries, QueryPositions, StrategyContext
 from vispe.registry import get
 
@@ -112,7 +112,7 @@ def build_design(decoder: str, decoder_kwargs: dict, *, box_bias: str | None = N
                  box_bias_kwargs: dict | None = None, query_relation: str | None = None,
                  query_relation_kwargs: dict | None = None, init: str = "papers",
                  d_model: int, num_layers: int, placement: Placement, pe: str, dec_pe: str | None = None,
-                 enc_layers: int = 1, stride: float = 16.0, attention: str = "dense") -> Design:
+                 enc_layers: int = 1, stride: float = 16.0, attention: str = "dense", num_queries: int = 100) -> Design:
     """Check every option against the design, the operator and the encodings, and build the typed design."""
     if attention not in OPERATORS:
         raise ValueError(f"attention={attention!r}: expected one of {', '.join(map(repr, OPERATORS))}")
@@ -129,20 +129,20 @@ def build_design(decoder: str, decoder_kwargs: dict, *, box_bias: str | None = N
     _check_choice("box_bias", box_bias, BOX_BIASES, box_bias_kwargs)
     _check_choice("query_relation", query_relation, RELATIONS, query_relation_kwargs)
     if attention == "deformable":
-        deformable_design.check(decoder, kw, placement=placement, pe=pe, dec_pe=dec_pe, box_bias=box_bias, init=init)
-    elif decoder in deformable_design.DESIGNS_ONLY:
+        rules.check(decoder, kw, placement=placement, pe=pe, dec_pe=dec_pe, box_bias=box_bias, init=init)
+    elif decoder in rules.DESIGNS_ONLY:
         raise ValueError(f"decoder={decoder!r} with attention='dense': Deformable DETR's queries sample the memory at "
                          "their reference points; expected attention='deformable' (or a dense design: "
                          "'detr', 'conditional', 'dab')")
     else:
-        check_family(pe, get(pe).family, placement, dec_pe, get(dec_pe).family if dec_pe is not None else None,
+        rules.check_family(pe, get(pe).family, placement, dec_pe, get(dec_pe).family if dec_pe is not None else None,
                      design=decoder)
     if decoder != "detr" and placement.queries != "attn":
         raise ValueError(f"pe_at['queries']={placement.queries!r} with decoder={decoder!r}: positioned queries take "
                          "their positions at every attention layer; expected 'attn'")
     keys = "sampled" if attention == "deformable" else "add" if decoder == "detr" else \
         _positioned_keys(pe, dec_pe, placement)
-    queries = cls.build(kw, StrategyContext(d_model, num_layers, keys, placement.queries))
+    queries = cls.build(kw, StrategyContext(d_model, num_layers, keys, placement.queries, num_queries))
     for name, value in (("box_bias", box_bias), ("query_relation", query_relation)):
         if value is not None and not queries.anchor_boxes:
             detail = ", query_dim=2" if decoder == "dab" else ""

@@ -42,6 +42,17 @@ from vispe.encoding import PositionEncoding
 PRIOR_PROB = 0.01
 
 
+def xavier_matrices(module: nn.Module) -> None:
+    """Xavier-uniform on every matrix of ``module`` (``p.dim() > 1``, in ``parameters()`` order) except those of
+    the encodings inside it, which keep their own initialisation: the papers' ``_reset_parameters`` as every
+    scheme here uses it (DETR's transformer, the positioned designs' and Deformable DETR's strategies)."""
+    own = {id(p) for m in module.modules() if isinstance(m, PositionEncoding) for p in m.parameters()}
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.dim() > 1 and id(p) not in own:
+                nn.init.xavier_uniform_(p)
+
+
 def papers_init(model: nn.Module) -> None:
     """Apply the papers' initialisation (module docstring) to a built positioned-design ``DETR``."""
     if model.queries.design == "detr":
@@ -51,10 +62,7 @@ def papers_init(model: nn.Module) -> None:
             nn.init.constant_(model.class_embed.bias, -math.log((1 - PRIOR_PROB) / PRIOR_PROB))
         nn.init.zeros_(model.bbox_embed.layers[-1].weight)
         nn.init.zeros_(model.bbox_embed.layers[-1].bias)
-        own = {id(p) for m in model.queries.modules() if isinstance(m, PositionEncoding) for p in m.parameters()}
-        for p in model.queries.parameters():
-            if p.dim() > 1 and id(p) not in own:
-                nn.init.xavier_uniform_(p)
+        xavier_matrices(model.queries)
         for layer in model.transformer.decoder:
             for attn in (layer.self_attn, layer.cross_attn):
                 if isinstance(attn, Attention) and attn.qkv.bias is not None:

@@ -23,23 +23,12 @@ from torch import nn
 from vispe import _checks
 from vispe.encoding import PositionEncoding
 from vispe.kernels.deformable import Levels
+from vispe.models.detr.rules import check_deformable_pe
 
 LEVEL_PES = ("learned", None)
 #: ``vispe.build("sine", dim=d, **DEFORMABLE_SINE)`` is Deformable DETR's position embedding: cell
 #: centres (offset -0.5) over the valid area, scale 2 pi, temperature 10000, y channels first.
 DEFORMABLE_SINE = dict(offset=-0.5, normalize=True, temperature=10000.0, layout="interleaved", eps=1e-6)
-
-
-def check_deformable_pe(pe: PositionEncoding | None, name: str = "pe") -> None:
-    """Refuse an encoding that cannot enter deformable attention, with the reason."""
-    if pe is None or pe.family in ("additive", "none"):
-        return
-    if pe.family in ("rotary", "bias"):
-        raise ValueError(f"{name} is a {pe.family} encoding ({type(pe).__name__}): deformable attention has no "
-                         "query-key dot product to rotate or bias (queries predict sampling offsets and weights, "
-                         "keys are only sampled); use an additive encoding per level (e.g. 'sine')")
-    raise ValueError(f"{name} is a {pe.family} encoding ({type(pe).__name__}): expected an additive encoding "
-                     "(a conditional one acts on the feature maps, before the levels are flattened)")
 
 
 class LevelPositions(nn.Module):

@@ -19,6 +19,8 @@
   config) and fundamentalvision/Deformable-DETR's checkpoints, single-stage, ``with_box_refine`` and
   ``two_stage``: ``create_detr(attention="deformable", decoder="deformable")``
   (``vispe.models.detr.load_deformable_detr``);
+* vispe's own checkpoints, ``{"config": model.config, "model": state_dict}``, rebuilt from their config
+  (written by an older vispe: upgraded first, ``vispe.models.detr.upgrade``);
 * a path to a ``.pth`` / ``.bin`` file holding any of these (read with ``weights_only=True``).
 
 What the weights cannot tell (``nheads``, ``dilation``, dropout) comes from the config or the
@@ -34,14 +36,15 @@ layer, which DETR does not; vispe follows DETR (final outputs agree either way).
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
 import torch
 
 from vispe.models.detr import load_deformable_detr as D, load_positioned as P
+from vispe.models.detr.load_keys import rename_keys, resnet_of
 from vispe.models.detr.load_positioned import check_timm_backbone as _check_timm_backbone
 from vispe.models.detr.model import DETR, create_detr
+from vispe.models.detr.upgrade import is_vispe_checkpoint, upgrade_config
 
 _COMMON = [  # (pattern, replacement) applied to both formats after their own renames
     (r"^bbox_predictor\.layers\.", "bbox_embed.layers."),
@@ -74,7 +77,6 @@ _DETR = [
     (r"\.(self_attn|cross_attn)\.out_proj\.", r".\1.proj."),
     (r"\.linear(1|2)\.", r".mlp.fc\1."),
 ]
-_QKV = re.compile(r"^(.*\.(?:self_attn|cross_attn))\.(q|k|v)_proj\.(weight|bias)$")
 
 
 def _file(source):
@@ -146,20 +148,7 @@ def _hints_from_detr_args(args) -> dict:
 def _rename(state: dict, fmt: str) -> dict:
     rules = {"transformers": _HF + _COMMON, "detr": _DETR + _COMMON, "conditional": P.CONDITIONAL, "dab": P.DAB,
              "official": P.OFFICIAL}[fmt]
-    out, pieces = {}, {}
-    for key, value in state.items():
-        new = key
-        for pattern, repl in rules:
-            new = re.sub(pattern, repl, new)
-        m = _QKV.match(new)
-        if m:  # transformers' q/k/v projections -> one fused qkv, rows q, k, v
-            pieces.setdefault((m.group(1), m.group(3)), {})[m.group(2)] = (key, value)
-            continue
-        out[new] = value
-    for (prefix, kind), parts in pieces.items():
-        if set(parts) != {"q", "k", "v"}:
-            raise ValueError(f"source has {sorted(parts)} projections for {prefix}.{kind}: expected q, k and v")
-        out[f"{prefix}.qkv.{kind}"] = torch.cat([parts[c][1] for c in "qkv"], dim=0)
+    out, _ = rename_keys(state, rules)
     return P.tie_dab_box_heads(out) if fmt in ("dab", "official") else out
 
 
@@ -173,9 +162,7 @@ def _architecture(state: dict, hints: dict) -> dict:
             raise ValueError(f"source has no weights for {need!r} (after renaming): not a DETR detection checkpoint")
     q = state["query_embed.weight"]
     blocks = count("backbone.body.layer3.")
-    bottleneck = "backbone.body.layer1.0.conv3.weight" in state
-    guess = {(2, False): "resnet18", (6, False): "resnet34", (6, True): "resnet50", (23, True): "resnet101"}.get((blocks, bottleneck))
-    backbone = hints.get("backbone") or guess
+    backbone = hints.get("backbone") or resnet_of(state)
     if backbone not in ("resnet18", "resnet34", "resnet50", "resnet101"):
         raise ValueError(f"source backbone {backbone!r} ({blocks} blocks in layer3): expected a ResNet-18/34/50/101")
     positioned = hints.get("decoder", "detr") != "detr"
@@ -207,6 +194,12 @@ def load_detr(source, config=None, **overrides) -> DETR:
     """A vispe DETR built for ``source``'s architecture with its weights (module docstring); ``config``: a
     transformers ``DeformableDetrConfig`` beside a Deformable DETR state_dict."""
     source = _file(source)
+    if is_vispe_checkpoint(source):  # vispe's own: rebuilt from its config (older formats upgraded)
+        if config is not None:
+            raise ValueError("config=... with a vispe checkpoint: its own config builds the model")
+        model = create_detr(**{**upgrade_config(source["config"]), **overrides})
+        model.load_state_dict(source["model"])
+        return model
     if D.is_deformable(source):
         return D.load_deformable_detr(source, config, **overrides)
     if config is not None:

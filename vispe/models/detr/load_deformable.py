@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 
-import torch
+from vispe.models.detr.load_keys import rename_keys
 
 TARGETS = dict(backbone="backbone.body.", input_proj="input_proj.", level_embed="level_pos.level_embed",
                encoder="encoder.layers.", decoder="decoder.layers.")
@@ -90,25 +90,7 @@ def deformable_keys(state: dict, fmt: str | None = None, **targets) -> tuple[dic
         renamed, rest = deformable_keys({"model." + k: v for k, v in state.items()}, "transformers", **targets)
         return renamed, {k.removeprefix("model."): v for k, v in rest.items()}
     t = {**TARGETS, **targets}
-    rules = [(re.compile(p), r) for p, r in _rules(fmt, t)]
     starts = tuple(t.values())
-    renamed, rest, pieces = {}, {}, {}
-    for key, value in state.items():
-        if key.endswith("num_batches_tracked"):
-            continue
-        new = key
-        for pattern, repl in rules:
-            new = pattern.sub(repl, new)
-        if new == key and not key.startswith(starts):
-            rest[key] = value
-            continue
-        m = re.match(rf"^({re.escape(t['decoder'])}\d+\.self_attn)\.(q|k|v)_proj\.(weight|bias)$", new)
-        if m:  # transformers' separate q, k, v -> one qkv, rows q, k, v
-            pieces.setdefault((m.group(1), m.group(3)), {})[m.group(2)] = value
-            continue
-        renamed[new] = value
-    for (prefix, kind), parts in pieces.items():
-        if set(parts) != {"q", "k", "v"}:
-            raise ValueError(f"state has {sorted(parts)} projections for {prefix}.{kind}: expected q, k and v")
-        renamed[f"{prefix}.qkv.{kind}"] = torch.cat([parts[c] for c in "qkv"], 0)
-    return renamed, rest
+    fuse = re.compile(rf"^({re.escape(t['decoder'])}\d+\.self_attn)\.(q|k|v)_proj\.(weight|bias)$")
+    return rename_keys(state, _rules(fmt, t), fuse=fuse, keep=lambda key, new: new != key or key.startswith(starts),
+                       name="state")

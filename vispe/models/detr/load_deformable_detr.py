@@ -25,6 +25,7 @@ import torch
 
 from vispe.models.detr.level_pos import DEFORMABLE_SINE
 from vispe.models.detr.load_deformable import deformable_format, deformable_keys
+from vispe.models.detr.load_keys import rename_keys, resnet_of
 from vispe.models.detr.load_positioned import args_dict, check_timm_backbone, load_fitting_state
 from vispe.models.detr.model import create_detr
 
@@ -54,17 +55,9 @@ def rename(state: dict) -> tuple[dict, bool]:
     rules = _REST["official" if fmt == "official" else "transformers"]
     if fmt == "transformers_model":
         rest = {"model." + k: v for k, v in rest.items()}
-    tied = {}
-    for key, value in rest.items():
-        if key.endswith("num_batches_tracked"):
-            continue
-        new = key
-        for pattern, repl in rules:
-            new = re.sub(pattern, repl, new)
-        if new.startswith("@tied."):
-            tied[new[len("@tied."):]] = value
-            continue
-        renamed[new] = value
+    more, _ = rename_keys(rest, rules, fuse=None)
+    tied = {k[len("@tied."):]: v for k, v in more.items() if k.startswith("@tied.")}  # the decoder's head copies
+    renamed.update({k: v for k, v in more.items() if not k.startswith("@tied.")})
     for key, value in tied.items():
         if key not in renamed or not torch.equal(renamed[key], value):
             raise ValueError(f"source's decoder copy of {key!r} differs from the detector's head (or the head is "
@@ -123,12 +116,10 @@ def architecture(state: dict, hints: dict) -> dict:
             if not torch.equal(state[key], state[first]):
                 raise ValueError(f"source's {key!r} differs from {first!r}: without box refinement (no decoder box "
                                  "heads) Deformable DETR shares one head across layers; expected equal tensors")
-    blocks, bottleneck = count("backbone.body.layer3."), "backbone.body.layer1.0.conv3.weight" in state
-    guess = {(2, False): "resnet18", (6, False): "resnet34", (6, True): "resnet50", (23, True): "resnet101"}
     arch = dict(num_classes=state["class_embed.0.weight"].shape[0], d_model=d, num_feature_levels=L,
                 enc_layers=count("encoder.layers."), dec_layers=dec_layers,
                 dim_feedforward=state["encoder.layers.0.mlp.fc1.weight"].shape[0],
-                backbone=hints.get("backbone") or guess.get((blocks, bottleneck)), attention="deformable",
+                backbone=hints.get("backbone") or resnet_of(state), attention="deformable",
                 decoder="deformable", pe="sine", pe_kwargs=dict(DEFORMABLE_SINE), class_head="sigmoid",
                 decoder_kwargs=dict(with_box_refine=refine, two_stage=two_stage,
                                     **({"two_stage_select": "all"} if two_stage else {})))
@@ -136,6 +127,8 @@ def architecture(state: dict, hints: dict) -> dict:
         arch["num_queries"] = state["query_embed.weight"].shape[0]
     arch.update({k: hints[k] for k in ("dilation", "nheads", "dropout", "attn_dropout", "aux_loss", "n_points",
                                        "num_queries") if k in hints})
+    if refine:  # the source's auxiliary_loss=False only drops the auxiliary outputs (the final ones are the same);
+        arch["aux_loss"] = True  # vispe's per-layer heads need them to train, and refuse aux_loss=False
     if "nheads" in arch and "n_points" not in arch:  # sampling_offsets: heads * levels * points * 2 rows
         arch["n_points"] = state["encoder.layers.0.self_attn.sampling_offsets.weight"].shape[0] // (arch["nheads"] * L * 2) \
             if arch["enc_layers"] else 4

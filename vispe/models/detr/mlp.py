@@ -5,6 +5,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+#: the transformers' FFN activation by name: DETR's and Deformable DETR's relu, DAB-DETR's prelu, gelu
+ACTIVATIONS = {"relu": nn.ReLU, "prelu": nn.PReLU, "gelu": nn.GELU}
+
 
 class MLP(nn.Module):
     """``num_layers`` Linear layers with ReLU between them (DETR's ``MLP``; parameters ``layers.N``)."""

@@ -1,0 +1,53 @@
+"""The one key-renaming engine of every detector loader (``load``, ``load_deformable``,
+``load_deformable_detr``): a loader is a list of ``(pattern, replacement)`` rules on this engine.
+
+``rename_keys(state, rules, fuse=..., keep=...)`` applies the rules in order to every key (``re.sub``;
+``num_batches_tracked`` entries are dropped: frozen batch norm has none), fuses separate q, k, v
+projections (keys matching ``fuse``: groups (prefix, "q" | "k" | "v", "weight" | "bias")) into one
+``{prefix}.qkv.{kind}`` with rows q, k, v (``nn.MultiheadAttention``'s ``in_proj`` layout, vispe's
+``Attention.qkv``), and returns the entries ``keep(old, new)`` refuses untouched beside them, for the
+loader's next rules. ``resnet_of(state)`` reads a torchvision ResNet's depth off its weights.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import torch
+
+#: transformers' separate projections of any attention: ``...self_attn.q_proj.weight``
+QKV = re.compile(r"^(.*\.(?:self_attn|cross_attn))\.(q|k|v)_proj\.(weight|bias)$")
+#: (blocks in layer3, bottleneck blocks) -> torchvision ResNet
+RESNETS_BY_SHAPE = {(2, False): "resnet18", (6, False): "resnet34", (6, True): "resnet50", (23, True): "resnet101"}
+
+
+def rename_keys(state: dict, rules, *, fuse: re.Pattern | None = QKV, keep: Callable[[str, str], bool] | None = None,
+                name: str = "source") -> tuple[dict, dict]:
+    """``(renamed, rest)`` of ``state`` (module docstring); ``name`` is what the errors call ``state``."""
+    compiled = [(re.compile(p) if isinstance(p, str) else p, r) for p, r in rules]
+    renamed, rest, pieces = {}, {}, {}
+    for key, value in state.items():
+        if key.endswith("num_batches_tracked"):
+            continue
+        new = key
+        for pattern, repl in compiled:
+            new = pattern.sub(repl, new)
+        if keep is not None and not keep(key, new):
+            rest[key] = value
+            continue
+        m = fuse.match(new) if fuse is not None else None
+        if m:  # separate q, k, v -> one qkv, rows q, k, v
+            pieces.setdefault((m.group(1), m.group(3)), {})[m.group(2)] = value
+            continue
+        renamed[new] = value
+    for (prefix, kind), parts in pieces.items():
+        if set(parts) != {"q", "k", "v"}:
+            raise ValueError(f"{name} has {sorted(parts)} projections for {prefix}.{kind}: expected q, k and v")
+        renamed[f"{prefix}.qkv.{kind}"] = torch.cat([parts[c] for c in "qkv"], 0)
+    return renamed, rest
+
+
+def resnet_of(state: dict, prefix: str = "backbone.body.") -> str | None:
+    """The torchvision ResNet whose weights ``state`` holds under ``prefix``, or None."""
+    blocks = len({k[len(prefix) + 7:].split(".")[0] for k in state if k.startswith(prefix + "layer3.")})
+    return RESNETS_BY_SHAPE.get((blocks, f"{prefix}layer1.0.conv3.weight" in state))
