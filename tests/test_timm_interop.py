@@ -217,3 +217,22 @@ def test_convert_vit_of_a_naflexvit_builds_a_new_model_that_takes_over_its_block
     m = timm.create_model("naflexvit_base_patch16_gap", embed_dim=32, depth=1, num_heads=2, num_classes=3)
     out = convert_vit(m)
     assert out is not m and out.blocks is m.blocks and out.head is m.head  # shared: documented, do not reuse m
+
+
+def test_convert_vit_keeps_a_timm_vits_own_table_with_timms_resampling_at_any_size():
+    """pe=None keeps timm's table and its rule: timm resamples ``pos_embed`` bicubically with antialias
+    also when the grid grows (``resample_abs_pos_embed``); vispe's learned_abs default antialiases only
+    when an axis shrinks, 0.0043 apart at 8 x 16 patches (found by vispe.audit, issue 51)."""
+    torch.manual_seed(0)
+    ref = timm.create_model("vit_tiny_patch16_224", dynamic_img_size=True, **TINY).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    sizes = [(32, 32), (64, 128), (24, 40), (16, 48)]  # built, grown non-square, mixed, shrunk in y
+    with torch.no_grad():
+        xs = [torch.randn(2, 3, h, w) for h, w in sizes]
+        want = [ref(x) for x in xs]
+        m = convert_vit(ref)
+        assert m.pe_name == "learned_abs" and m.pe_kwargs["antialias"] == "always"
+        for x, y in zip(xs, want):
+            torch.testing.assert_close(m(x), y, atol=1e-5, rtol=1e-5)

@@ -160,7 +160,8 @@ def convert_vit(model: nn.Module, pe: str | None = None, *, pe_kwargs: dict[str,
     A ``VisionTransformer`` (or DeiT's ``VisionTransformerDistilled``): its blocks and attention
     layers become vispe's subclasses (no new weights), the image size becomes dynamic, and its
     ``pos_embed`` becomes the ``learned_abs`` table if ``pe="learned_abs"`` (dropped otherwise);
-    ``pe=None`` keeps its own (``learned_abs``, or ``none`` without a table). Only plain timm blocks
+    ``pe=None`` keeps its own (``learned_abs`` with timm's resampling rule, ``antialias="always"``, so
+    that the converted model equals timm's at every size; or ``none`` without a table). Only plain timm blocks
     (``Block`` + ``Attention``) are accepted. An ``Eva`` goes to ``vispe.models.eva.convert_eva``
     (``keep_abs_pos`` applies there; timm's ``vit_*_dinov3`` are Evas); transformers'
     ``DINOv3ViTModel`` becomes a new ``VispeEva`` with its weights (``vispe.models.dinov3``, not in
@@ -195,7 +196,9 @@ def convert_vit(model: nn.Module, pe: str | None = None, *, pe_kwargs: dict[str,
                              "expected timm's Block with its plain (ungated) Attention")
     old_pos = model.pos_embed
     old_grid = tuple(model.patch_embed.grid_size)
-    pe = pe or ("learned_abs" if old_pos is not None else "none")
+    if pe is None and old_pos is not None:  # its own table, resampled by timm's rule (antialias also when growing)
+        pe, pe_kwargs = "learned_abs", {"antialias": "always", **(pe_kwargs or {})}
+    pe = pe or "none"
     for blk in blocks:
         blk.__class__ = VispeBlock
         Attention.adopt(blk.attn)
