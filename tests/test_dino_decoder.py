@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from vispe.coords import points_at_levels
+from vispe.coords import points_at_levels, valid_ratios
 from vispe.kernels.deformable import Levels, swap_xy
 from vispe.models.detr.deformable_decoder import DeformableDecoderLayer, encoder_proposals
 from vispe.models.detr.dn import (
@@ -232,3 +232,43 @@ def test_valid_selection_skips_tokens_without_a_proposal():
         MixedQuerySelection(D, 3, select="best")
     with pytest.raises(ValueError, match="num_queries=7"):
         MixedQuerySelection(D, 7)(memory, proposals, cls, nn.Linear(D, 4))
+
+
+def test_an_image_alone_equals_it_padded_in_a_batch():
+    """Selection ("valid"), positional queries (boxes in units of the valid area) and the loop with
+    deformable sampling in the valid area: the padded image's outputs are the image's alone."""
+    d, alone_shapes, canvas_shapes = 64, ((6, 8), (3, 4)), ((8, 11), (4, 6))
+    g = torch.Generator().manual_seed(0)
+    layers = nn.ModuleList([perturb(DeformableDecoderLayer(d, 4, 32, 0.0, num_levels=2, num_points=2), i)
+                            for i in range(2)]).eval()
+    qp = perturb(DinoQueryPos(d, build_anchor_pe("sine", {}, d)), 5)
+    sel = perturb(MixedQuerySelection(d, 6), 6)
+    cls, box, norm = perturb(nn.Linear(d, K), 7), perturb(ref.MLP(d, d, 4, 3), 8), nn.LayerNorm(d)
+    maps = [torch.randn(1, d, h, w, generator=g) for h, w in alone_shapes]
+    canvas = [torch.randn(2, d, h, w, generator=g) for h, w in canvas_shapes]
+    masks = [torch.zeros(2, h, w, dtype=torch.bool) for h, w in canvas_shapes]
+    for m, c, k in zip(maps, canvas, masks):
+        h, w = m.shape[-2:]
+        c[0, :, :h, :w] = m[0]
+        k[0] = True
+        k[0, :h, :w] = False
+
+    def run(level_maps, level_masks):
+        levels = Levels.of(level_maps)
+        memory = levels.flatten(level_maps)  # (B, N, d)
+        pad = levels.flatten(level_masks) if level_masks else None
+        ratios = valid_ratios(level_masks) if level_masks else torch.ones(memory.shape[0], 2, 2)
+        zeroed, proposals = encoder_proposals(memory, pad, levels)
+        content, anchors, enc = sel(zeroed, proposals, cls, box)
+
+        def layer(i, t, boxes):
+            return layers[i](t, qp(boxes), points_at_levels(swap_xy(boxes), ratios), memory, levels, pad)
+
+        hs, refs = look_forward_twice(content, anchors.sigmoid(), layer, 2, [box, box], norm)
+        return torch.stack([cls(h) for h in hs]), layer_boxes(hs, refs, [box, box]), enc["pred_boxes"]
+
+    with torch.no_grad():
+        want, got = run(maps, None), run(canvas, masks)
+    for w, o in zip(want, got):
+        torch.testing.assert_close(o[..., :1, :, :] if o.dim() == 4 else o[:1], w, rtol=0, atol=1e-4)
+    assert not torch.allclose(got[1][:, 1], got[1][:, 0], atol=1e-2)  # the other image differs
