@@ -62,7 +62,7 @@ def num_groups(dn_number: int, single_pad: int) -> int:
     return max(n, 1)
 
 
-def _check(dn_number, label_noise_ratio, box_noise_scale) -> None:
+def check_options(dn_number, label_noise_ratio, box_noise_scale) -> None:
     if isinstance(dn_number, bool) or not isinstance(dn_number, int) or dn_number < 1:
         raise ValueError(f"dn_number={dn_number!r}: expected a positive integer (DINO: 100)")
     if isinstance(label_noise_ratio, bool) or not isinstance(label_noise_ratio, (int, float)) \
@@ -104,7 +104,7 @@ def prepare_cdn(targets: list[dict], label_enc: nn.Module, *, num_queries: int, 
     """Denoising queries of ``targets`` (one dict per image: "boxes" (n_b, 4) unit (cx, cy, w, h),
     "labels" (n_b,)) and their attention mask (module docstring). ``label_enc``: an embedding of
     ``num_classes`` (+ at least 0) rows; its width is the content's."""
-    _check(dn_number, label_noise_ratio, box_noise_scale)
+    check_options(dn_number, label_noise_ratio, box_noise_scale)
     B = len(targets)
     d = label_enc.weight.shape[1]
     device = label_enc.weight.device

@@ -77,3 +77,15 @@ def denoising_losses(dn_outputs: dict, targets: list[dict], *, num_groups: int, 
         for k, v in _layer(aux, targets, index, norm, focal_alpha, focal_gamma).items():
             losses[f"{k}_dn_{i}"] = v
     return losses
+
+
+def weighted_total(losses: dict, weights: dict) -> torch.Tensor:
+    """``sum(weights[name] * value)`` of ``denoising_losses``' terms, each weighted as its set-loss
+    namesake (``loss_ce_dn_2`` as ``loss_ce``).  # ()"""
+    total = torch.zeros(())
+    for k, v in losses.items():
+        name = k.split("_dn")[0]
+        if name not in weights:
+            raise ValueError(f"weights has no {name!r} (for {k!r}): expected weights of {', '.join(NAMES)}")
+        total = total.to(v.device) + weights[name] * v
+    return total
