@@ -62,7 +62,18 @@ def build_deformable(num_classes: int, *, design, placement, backbone, backbone_
     """The detector (module docstring); ``design`` from ``designs.build_design(attention="deformable")``."""
     L = _checks.positive_int("num_feature_levels", 4 if num_feature_levels is None else num_feature_levels)
     enc_points, dec_points = _points(4 if n_points is None else n_points)
-    level_pe = _checks.choice("level_pe", "learned" if level_pe is None else level_pe, LEVEL_PES)
+    if placement.encoder == "none" and level_pe == "learned":
+        raise ValueError("level_pe='learned' with pe_at encoder='none': the level embedding enters the encoder's "
+                         "tokens only, so it would be used nowhere (and get no gradient); expected level_pe='none' "
+                         "(the default there) or pe_at encoder='attn' / 'input'")
+    default = "none" if placement.encoder == "none" else "learned"  # no code enters the encoder: none to learn
+    level_pe = _checks.choice("level_pe", default if level_pe is None else level_pe, LEVEL_PES)
+    q = design.queries
+    if not aux_loss and q.refines and not q.shared_heads:
+        option = "with_box_refine" if q.design == "deformable" else "iter_refine"
+        raise ValueError(f"aux_loss=False with decoder_kwargs[{option!r}]=True: the heads are one per layer and the "
+                         "refined anchors are detached, so without the auxiliary losses the heads of every layer but "
+                         "the last get no gradient (and DistributedDataParallel stops); expected aux_loss=True")
     if dec_pe_kwargs:
         raise ValueError(f"dec_pe_kwargs={dec_pe_kwargs!r} with attention='deformable': there is no decoder key "
                          "encoding to take them")
@@ -87,8 +98,9 @@ def build_deformable(num_classes: int, *, design, placement, backbone, backbone_
                          f"level_pe={level_pe!r}) enters only the encoder's layers, so it would be used nowhere; "
                          "expected pe_at encoder='input' (added to the memory), or pe='none' and level_pe='none'")
     encoder = DeformableEncoder(d_model, nheads, enc_layers, dim_feedforward, dropout, L, enc_points, activation)
-    decoder = DeformableDecoder(DeformableDecoderLayer(d_model, nheads, dim_feedforward, dropout, L, dec_points,
-                                                       activation, attn_dropout) for _ in range(dec_layers))
+    decoder = DeformableDecoder((DeformableDecoderLayer(d_model, nheads, dim_feedforward, dropout, L, dec_points,
+                                                        activation, attn_dropout) for _ in range(dec_layers)),
+                                nn.LayerNorm(d_model) if design.queries.decoder_norm else None)
     head = _checks.choice("class_head", class_head or design.class_head, CLASS_HEADS)
     model = DeformableDETR(net, proj, level_pos, encoder, decoder, design, num_classes=num_classes,
                            num_queries=num_queries, placement=placement, pe=peg, aux_loss=aux_loss, class_head=head)

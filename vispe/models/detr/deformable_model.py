@@ -39,8 +39,10 @@ from vispe.models.detr._inputs import (
     eager_backbone as _eager_backbone,
     image_channels as _image_channels,
 )
+from vispe.models.detr.decode import decode_loop
 from vispe.models.detr.designs import Design
 from vispe.models.detr.mlp import MLP
+from vispe.models.detr.outputs import outputs_dict, with_extra_queries
 
 #: the paper's learning-rate factor of the sampling offsets and reference points (``lr_linear_proj_mult``)
 LINEAR_PROJ_MULT = 0.1
@@ -48,11 +50,13 @@ LINEAR_PROJ_NAMES = ("sampling_offsets", "reference_points")
 
 
 class DeformableDecoder(nn.Module):
-    """The decoder's layers (``layers.{i}``, ``DeformableDecoderLayer``) and Relation-DETR's relation (or None)."""
+    """The decoder's layers (``layers.{i}``, ``DeformableDecoderLayer``), the norm on every layer's output
+    (``norm``: DINO's; None for Deformable DETR's design) and Relation-DETR's relation (or None)."""
 
-    def __init__(self, layers) -> None:
+    def __init__(self, layers, norm: nn.Module | None = None) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)
+        self.norm = norm
         self.relation = None  # vispe.models.detr.relation.PositionRelation, set by the builder
 
 
@@ -82,8 +86,9 @@ class DeformableDETR(nn.Module):
         self.class_head = class_head
         n = len(decoder.layers) + q.from_proposals  # the two-stage proposals take the last heads
         cls, box = nn.Linear(d, num_classes + (class_head == "softmax")), MLP(d, d, 4, 3)
-        self.class_embed = nn.ModuleList([cls] * n if not q.refines else [cls] + [copy.deepcopy(cls) for _ in range(n - 1)])
-        self.bbox_embed = nn.ModuleList([box] * n if not q.refines else [box] + [copy.deepcopy(box) for _ in range(n - 1)])
+        per_layer = not q.shared_heads  # the papers' clones under refinement
+        self.class_embed = nn.ModuleList([cls] + [copy.deepcopy(cls) for _ in range(n - 1)] if per_layer else [cls] * n)
+        self.bbox_embed = nn.ModuleList([box] + [copy.deepcopy(box) for _ in range(n - 1)] if per_layer else [box] * n)
         self.num_classes, self.num_queries, self.aux_loss = num_classes, num_queries, aux_loss
         self.d_model, self.num_levels = d, len(input_proj)
         strides = list(getattr(backbone, "strides", [getattr(backbone, "stride", 1)]))
@@ -102,56 +107,47 @@ class DeformableDETR(nn.Module):
         pos = self.level_pos(levels, masks if padded else None, device=x.device, dtype=x.dtype)  # (B|1, N, d) | None
         if pos is not None and self.placement.encoder == "input":
             x, pos = x + pos, None
+        if self.placement.encoder == "none":  # no code enters the encoder (the builder builds none to learn)
+            pos = None
         pad = levels.flatten(masks) if padded else None  # (B, N)
         ratios = valid_ratios(masks) if padded else x.new_ones(x.shape[0], len(levels), 2, dtype=torch.float32)
         return self.encoder(x, levels, pos, ratios, pad), levels, pad, ratios
 
-    def forward(self, images: torch.Tensor, mask: torch.Tensor | None = None) -> dict:
-        """Images (B, 3, H, W) and padding mask (B, H, W), True = padding -> DETR's output dict."""
+    def forward(self, images: torch.Tensor, mask: torch.Tensor | None = None, targets: list[dict] | None = None) -> dict:
+        """Images (B, 3, H, W) and padding mask (B, H, W), True = padding -> DETR's output dict. ``targets``
+        (training only) go to the query strategy's ``extra_queries`` (denoising groups: ``dn_outputs``)."""
         mask = _check_inputs(images, mask, self.in_chans, self.check_finite)
         memory, levels, pad, ratios = self.encode(images, mask)
         B, q = memory.shape[0], self.queries
         enc = None
         if q.from_proposals:
             embed, anchors, enc = q.propose(memory, pad, levels, self.class_embed[-1], self.bbox_embed[-1],
-                                            self.num_queries)  # (B, Q, 2d), (B, Q, 4)
+                                            self.num_queries, class_head_kind=self.class_head)  # (B, Q, 2d), (B, Q, 4)
             t = embed[..., self.d_model:]  # (B, Q, d)
         else:
             embed = self.query_embed.weight  # (Q, 2d | query_dim)
             t, anchors = q.start(embed, B, memory.dtype)  # (B, Q, d), (1, Q, 2|4)
-        hs, used = self.decode(t, embed, memory, levels, pad, ratios, anchors)
+        extra = q.extra_queries(targets, B, self.d_model, memory.dtype, memory.device) if self.training else None
+        t, anchors, attn_mask = with_extra_queries(t, anchors, extra)
+        hs, used = self.decode(t, embed, memory, levels, pad, ratios, anchors, self_attn_mask=attn_mask)
         which = range(len(hs)) if self.aux_loss else [len(hs) - 1]
         logits = [self.class_embed[i](hs[i]) for i in which]  # [(B, Q, K | K+1)]
         boxes = q.boxes(torch.stack([self.bbox_embed[i](hs[i]) for i in which]), [used[i] for i in which])
-        out = {"pred_logits": logits[-1], "pred_boxes": boxes[-1], "class_head": self.class_head}
-        if self.aux_loss:
-            out["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b, "class_head": self.class_head}
-                                  for a, b in zip(logits[:-1], boxes[:-1])]
+        out = outputs_dict(logits, boxes, self.class_head, self.aux_loss, extra)
         if enc is not None:
             out["enc_outputs"] = {**enc, "class_head": self.class_head}
         return out
 
-    def decode(self, t, embed, memory, levels: Levels, pad, ratios, anchors):
-        """Every layer's output and the anchors it sampled around.  # [(B, Q, d)], [(B|1, Q, 2|4)]"""
-        outs, used = [], []
-        relation = self.decoder.relation
-        self_bias, before = None, anchors  # the relation's boxes before the previous layer
-        last = len(self.decoder.layers) - 1
-        for i, layer in enumerate(self.decoder.layers):
-            p = self.queries.layer(i, t, embed, anchors, None)
+    def decode(self, t, embed, memory, levels: Levels, pad, ratios, anchors, *, self_attn_mask=None):
+        """Every layer's output and the anchors its boxes add to (``vispe.models.detr.decode``).
+        # [(B, Q, d)], [(B|1, Q, 2|4)]"""
+        def run(layer, t, p, anchors, self_bias):
             reference = points_at_levels(swap_xy(anchors), ratios).to(t.dtype)  # (B, Q, L, 2|4) (y, x[, h, w])
-            t = layer(t, p.cross_ctx.pos, reference, memory, levels, pad, self_ctx=p.self_ctx, self_bias=self_bias)
-            outs.append(t)
-            used.append(anchors)
-            if i == last:
-                break
-            if relation is not None:
-                with torch.no_grad():
-                    boxes = self.queries.boxes(self.bbox_embed[i](t)[None], [anchors])[0]  # (B, Q, 4) layer i's
-                self_bias = relation(before, boxes).to(t.dtype)  # (B, heads, Q, Q)
-                before = boxes
-            anchors = self.queries.refine(i, t, anchors, self.bbox_embed[i])
-        return outs, used
+            return layer(t, p.cross_ctx.pos, reference, memory, levels, pad, self_ctx=p.self_ctx,
+                         self_attn_mask=self_attn_mask, self_bias=self_bias)
+
+        return decode_loop(self.decoder.layers, self.queries, t, embed, anchors, run, heads=lambda i: self.bbox_embed[i],
+                           norm=self.decoder.norm, relation=self.decoder.relation)
 
     def param_groups(self, lr: float, lr_backbone: float, weight_decay: float) -> list[dict]:
         """Deformable DETR's optimiser groups: the backbone at ``lr_backbone``, the sampling offsets and

@@ -57,6 +57,8 @@ class DeformableQueries(QueryPositions):
                              "no proposals to select; expected it unset")
         self.select = _checks.choice("decoder_kwargs['two_stage_select']", two_stage_select, SELECTS)
         self.with_box_refine = self.refines = with_box_refine
+        self.shared_heads = not with_box_refine  # the paper's clones under refinement
+        self.decoder_norm = False  # Deformable DETR's decoder ends without a norm (the paper, transformers)
         self.two_stage = self.from_proposals = self.anchor_boxes = two_stage
         self.query_dim = None if two_stage else 2 * d_model  # query_embed: (p_q, content); none when two-stage
         d = d_model
@@ -80,16 +82,29 @@ class DeformableQueries(QueryPositions):
         return content[None].to(dtype).expand(B, -1, -1), self.reference_points(pos[None]).float().sigmoid()
 
     def propose(self, memory: torch.Tensor, key_padding_mask: torch.Tensor | None, levels: Levels,
-                class_head: nn.Module, box_head: nn.Module, k: int):
+                class_head: nn.Module, box_head: nn.Module, k: int, *, class_head_kind: str = "sigmoid"):
         """Two-stage queries: (``embed`` (B, Q, 2d) as (p_q, content), anchors (B, Q, 4) unit (cx, cy, w, h),
-        the proposals' outputs {"pred_logits" (B, N, K), "pred_boxes" (B, N, 4)} for the encoder loss)."""
+        the proposals' outputs {"pred_logits" (B, N, K), "pred_boxes" (B, N, 4)} for the encoder loss).
+
+        A proposal's score is what the encoder loss trains (class-agnostic: every target label 0): label 0's
+        logit for a sigmoid head, label 0's log-probability for a softmax head (its no-object logit counts).
+        With ``two_stage_select="valid"`` an image with fewer proposals than ``k`` is refused, alone or
+        padded in a batch alike (padding has no proposal to give)."""
         mem, logits = encoder_proposals(memory, key_padding_mask, levels)  # (B, N, d), (B, N, 4) +inf: none
         mem = self.enc_output_norm(self.enc_output(mem))  # (B, N, d)
         scores = class_head(mem)  # (B, N, K)
         coords = box_head(mem) + logits  # (B, N, 4) logits
-        first = scores[..., 0]  # (B, N)
+        first = scores[..., 0] if class_head_kind == "sigmoid" else scores.log_softmax(-1)[..., 0]  # (B, N)
         if self.select == "valid":
-            first = first.masked_fill(logits[..., 0].isinf(), float("-inf"))
+            none = logits[..., 0].isinf()  # (B, N) tokens without a proposal
+            counts = (~none).sum(1)  # (B,)
+            short = int(counts.argmin())
+            if k > int(counts[short]):
+                raise ValueError(f"num_queries={k}: image {short} has only {int(counts[short])} proposals (tokens whose "
+                                 "box lies inside its valid area), alone or padded alike; expected num_queries <= "
+                                 f"{int(counts[short])}, larger images, or two_stage_select='all' (the papers': padded "
+                                 "tokens compete too)")
+            first = first.masked_fill(none, float("-inf"))
         if k > first.shape[1]:
             raise ValueError(f"num_queries={k}: the encoder has only {first.shape[1]} tokens to propose from")
         top = first.topk(k, dim=1).indices  # (B, Q)
@@ -108,7 +123,7 @@ class DeformableQueries(QueryPositions):
         delta = box_head(t)  # (B, Q, 4)
         ref = inverse_sigmoid(anchors)  # (B|1, Q, 2|4)
         new = delta + ref if ref.shape[-1] == 4 else torch.cat([delta[..., :2] + ref, delta[..., 2:]], -1)
-        return new.sigmoid().detach()  # (B, Q, 4): a box from here on
+        return new.sigmoid()  # (B, Q, 4): a box from here on (detached by the decode loop)
 
     def boxes(self, raw: torch.Tensor, anchors: list) -> torch.Tensor:
         out = []

@@ -112,7 +112,7 @@ def build_design(decoder: str, decoder_kwargs: dict, *, box_bias: str | None = N
                  box_bias_kwargs: dict | None = None, query_relation: str | None = None,
                  query_relation_kwargs: dict | None = None, init: str = "papers",
                  d_model: int, num_layers: int, placement: Placement, pe: str, dec_pe: str | None = None,
-                 enc_layers: int = 1, stride: float = 16.0, attention: str = "dense") -> Design:
+                 enc_layers: int = 1, stride: float = 16.0, attention: str = "dense", num_queries: int = 100) -> Design:
     """Check every option against the design, the operator and the encodings, and build the typed design."""
     if attention not in OPERATORS:
         raise ValueError(f"attention={attention!r}: expected one of {', '.join(map(repr, OPERATORS))}")
@@ -142,7 +142,7 @@ def build_design(decoder: str, decoder_kwargs: dict, *, box_bias: str | None = N
                          "their positions at every attention layer; expected 'attn'")
     keys = "sampled" if attention == "deformable" else "add" if decoder == "detr" else \
         _positioned_keys(pe, dec_pe, placement)
-    queries = cls.build(kw, StrategyContext(d_model, num_layers, keys, placement.queries))
+    queries = cls.build(kw, StrategyContext(d_model, num_layers, keys, placement.queries, num_queries))
     for name, value in (("box_bias", box_bias), ("query_relation", query_relation)):
         if value is not None and not queries.anchor_boxes:
             detail = ", query_dim=2" if decoder == "dab" else ""

@@ -19,6 +19,8 @@
   config) and fundamentalvision/Deformable-DETR's checkpoints, single-stage, ``with_box_refine`` and
   ``two_stage``: ``create_detr(attention="deformable", decoder="deformable")``
   (``vispe.models.detr.load_deformable_detr``);
+* vispe's own checkpoints, ``{"config": model.config, "model": state_dict}``, rebuilt from their config
+  (written by an older vispe: upgraded first, ``vispe.models.detr.upgrade``);
 * a path to a ``.pth`` / ``.bin`` file holding any of these (read with ``weights_only=True``).
 
 What the weights cannot tell (``nheads``, ``dilation``, dropout) comes from the config or the
@@ -42,6 +44,7 @@ import torch
 from vispe.models.detr import load_deformable_detr as D, load_positioned as P
 from vispe.models.detr.load_positioned import check_timm_backbone as _check_timm_backbone
 from vispe.models.detr.model import DETR, create_detr
+from vispe.models.detr.upgrade import is_vispe_checkpoint, upgrade_config
 
 _COMMON = [  # (pattern, replacement) applied to both formats after their own renames
     (r"^bbox_predictor\.layers\.", "bbox_embed.layers."),
@@ -207,6 +210,12 @@ def load_detr(source, config=None, **overrides) -> DETR:
     """A vispe DETR built for ``source``'s architecture with its weights (module docstring); ``config``: a
     transformers ``DeformableDetrConfig`` beside a Deformable DETR state_dict."""
     source = _file(source)
+    if is_vispe_checkpoint(source):  # vispe's own: rebuilt from its config (older formats upgraded)
+        if config is not None:
+            raise ValueError("config=... with a vispe checkpoint: its own config builds the model")
+        model = create_detr(**{**upgrade_config(source["config"]), **overrides})
+        model.load_state_dict(source["model"])
+        return model
     if D.is_deformable(source):
         return D.load_deformable_detr(source, config, **overrides)
     if config is not None:

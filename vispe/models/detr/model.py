@@ -43,9 +43,11 @@ from vispe.models.detr.deformable_build import build_deformable
 from vispe.models.detr.designs import CLASS_HEADS, Design, build_design, check_cross_rotary, fix_refpoints_xy
 from vispe.models.detr.init import papers_init
 from vispe.models.detr.mlp import MLP
+from vispe.models.detr.outputs import outputs_dict, with_extra_queries
 from vispe.models.detr.placement import parse_placement
 from vispe.models.detr.relation import PositionRelation
 from vispe.models.detr.transformer import Transformer
+from vispe.models.detr.upgrade import resolved_decoder_kwargs
 from vispe.registry import build_in, get
 
 BoxHead = MLP  # DETR's box MLP (``bbox_embed.layers.N``)
@@ -126,8 +128,10 @@ class DETR(nn.Module):
         return (enc if pl.encoder != "none" else None), dec
 
     # --- forward -----------------------------------------------------------------------------------
-    def forward(self, images: torch.Tensor, mask: torch.Tensor | None = None) -> dict:
-        """Images (B, 3, H, W) and padding mask (B, H, W), True = padding -> DETR's output dict."""
+    def forward(self, images: torch.Tensor, mask: torch.Tensor | None = None, targets: list[dict] | None = None) -> dict:
+        """Images (B, 3, H, W) and padding mask (B, H, W), True = padding -> DETR's output dict
+        (``vispe.models.detr.outputs``). ``targets`` (training only) go to the query strategy's
+        ``extra_queries`` (denoising groups: ``dn_outputs``)."""
         mask = _check_inputs(images, mask, self.in_chans, self.check_finite)
         if self.backbone_in_graph:
             feats, fmask = self.backbone(images, mask)  # (B, C, h, w), (B, h, w)
@@ -150,15 +154,14 @@ class DETR(nn.Module):
         memory_ctx = PosContext((h, w), 0, grid_mask, dec_code if pl.decoder == "attn" else None)
         embed = self.query_embed.weight  # (Q, d | query_dim)
         t, anchors = self.queries.start(embed, B, tokens.dtype)  # (B, Q, d), (1, Q, 2|4) or None
+        extra = self.queries.extra_queries(targets, B, d, tokens.dtype, tokens.device) if self.training else None
+        t, anchors, attn_mask = with_extra_queries(t, anchors, extra)
         hs, used = self.transformer.decode(t, embed, memory, memory_ctx, self.queries, anchors, self.bbox_embed,
-                                           intermediate=self.aux_loss)  # (L, B, Q, d), [anchors of each layer]
+                                           intermediate=self.aux_loss, self_attn_mask=attn_mask)
+        # hs (L, B, Q, d), used: [anchors of each layer]
         logits = self.class_embed(hs)  # (L, B, Q, K+1 | K)
         boxes = self.queries.boxes(self.bbox_embed(hs), used)  # (L, B, Q, 4)
-        out = {"pred_logits": logits[-1], "pred_boxes": boxes[-1], "class_head": self.class_head}
-        if self.aux_loss:
-            out["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b, "class_head": self.class_head}
-                                  for a, b in zip(logits[:-1], boxes[:-1])]
-        return out
+        return outputs_dict(logits, boxes, self.class_head, self.aux_loss, extra)
 
     def param_groups(self, lr: float, lr_backbone: float, weight_decay: float) -> list[dict]:
         """DETR's optimiser groups: the backbone at ``lr_backbone``, the rest at ``lr``."""
@@ -184,10 +187,10 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
                 dilation: bool = False, train_backbone: bool = True, backbone_widths=None,
                 backbone_kwargs: dict | None = None, backbone_mask_aware: bool = False, pe: str = "sine", pe_kwargs: dict | None = None,
                 pe_at="attn", query_pos_at: str = "attn", dec_pe: str | None = None,
-                dec_pe_kwargs: dict | None = None, grid=None, num_queries: int = 100, d_model: int = 256,
-                nheads: int = 8, enc_layers: int = 6, dec_layers: int = 6, dim_feedforward: int = 2048,
+                dec_pe_kwargs: dict | None = None, grid=None, num_queries: int | None = None, d_model: int = 256,
+                nheads: int = 8, enc_layers: int = 6, dec_layers: int = 6, dim_feedforward: int | None = None,
                 dropout: float = 0.1, attn_dropout: float | None = None, aux_loss: bool = True,
-                decoder: str = "detr", decoder_kwargs: dict | None = None, box_bias: str | None = None,
+                decoder: str | None = None, decoder_kwargs: dict | None = None, box_bias: str | None = None,
                 box_bias_kwargs: dict | None = None, query_relation: str | None = None,
                 query_relation_kwargs: dict | None = None, class_head: str | None = None, activation: str = "relu",
                 init: str = "papers", attention: str = "dense", num_feature_levels: int | None = None,
@@ -218,16 +221,20 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
         dec_pe_kwargs: its settings.
         grid: the feature grid (h, w) that encodings with grid-sized tables (learned_abs,
             relbias) are built for; others recompute at any grid.
-        num_queries: DETR's number of object queries.
+        num_queries: the number of object queries (default: the paper's, DETR's 100 with dense attention,
+            Deformable DETR's 300 with ``attention="deformable"``).
         d_model: DETR's transformer width.
         nheads: DETR's attention heads.
         enc_layers: DETR's encoder layers.
         dec_layers: DETR's decoder layers.
-        dim_feedforward: DETR's FFN width.
+        dim_feedforward: the FFN width (default: DETR's 2048, Deformable DETR's 1024 with deformable
+            attention). With ``attention="deformable"`` and ``pe="sine"``, ``pe_kwargs`` default to
+            Deformable DETR's cell centres (``offset=-0.5``; ``level_pos.DEFORMABLE_SINE``) unless given.
         dropout: DETR's dropout; ``attn_dropout`` on attention weights (default ``dropout``, as
             nn.MultiheadAttention).
         aux_loss: also return the outputs of every decoder layer (``aux_outputs``).
-        decoder: the query design ("detr", "conditional", "dab"; ``vispe.models.detr.designs``).
+        decoder: the query design ("detr", "conditional", "dab"; ``vispe.models.detr.designs``; default
+            "detr", or "deformable" with ``attention="deformable"``).
         decoder_kwargs: its options.
         box_bias: Plain-DETR's box bias ("boxrpb") or None.
         box_bias_kwargs: its options.
@@ -247,6 +254,12 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
             gives, the rest extra stride-2 convolutions; default min(L, 3))
             (``vispe.models.detr.deformable_build``); these are refused with "dense".
     """
+    deformable = attention == "deformable"
+    decoder = ("deformable" if deformable else "detr") if decoder is None else decoder  # the papers' own queries
+    num_queries = (300 if deformable else 100) if num_queries is None else num_queries  # the papers'
+    dim_feedforward = (1024 if deformable else 2048) if dim_feedforward is None else dim_feedforward
+    if deformable and pe == "sine" and "offset" not in (pe_kwargs or {}):
+        pe_kwargs = {"offset": -0.5, **(pe_kwargs or {})}  # Deformable DETR's cell centres
     for name, value in (("num_classes", num_classes), ("num_queries", num_queries), ("d_model", d_model),
                         ("nheads", nheads), ("enc_layers", enc_layers), ("dec_layers", dec_layers),
                         ("dim_feedforward", dim_feedforward)):
@@ -275,7 +288,8 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
     design_kw = dict(decoder=decoder, decoder_kwargs=dict(decoder_kwargs or {}), box_bias=box_bias,
                      box_bias_kwargs=dict(box_bias_kwargs or {}), query_relation=query_relation,
                      query_relation_kwargs=dict(query_relation_kwargs or {}), init=init, d_model=d_model,
-                     num_layers=dec_layers, placement=placement, pe=pe, dec_pe=dec_pe, enc_layers=enc_layers)
+                     num_layers=dec_layers, placement=placement, pe=pe, dec_pe=dec_pe, enc_layers=enc_layers,
+                     num_queries=num_queries)
     if attention == "deformable":
         model = build_deformable(num_classes, design=build_design(**design_kw, attention=attention), **common,
                                  num_feature_levels=num_feature_levels, n_points=n_points, level_pe=level_pe,
@@ -290,7 +304,7 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
                         num_queries=num_queries, d_model=d_model, nheads=nheads, enc_layers=enc_layers,
                         dec_layers=dec_layers, dim_feedforward=dim_feedforward, dropout=dropout,
                         attn_dropout=attn_dropout, aux_loss=aux_loss, decoder=decoder,
-                        decoder_kwargs=dict(decoder_kwargs or {}), box_bias=box_bias,
+                        decoder_kwargs=resolved_decoder_kwargs(model.queries, decoder_kwargs), box_bias=box_bias,
                         box_bias_kwargs=dict(box_bias_kwargs or {}), query_relation=query_relation,
                         query_relation_kwargs=dict(query_relation_kwargs or {}), class_head=model.class_head,
                         activation=activation, init=init, attention=attention,

@@ -44,6 +44,9 @@ from vispe.models.detr.mlp import MLP, inverse_sigmoid
 from vispe.registry import build_in
 
 KEYS = ("add", "concat", "rotary", "none", "sampled")  # how the cross-attention's keys carry position (module docstring)
+#: DAB on the deformable operator: "dino" (DINO's: learned content, shared heads, decoder norm; the default) or
+#: "legacy" (vispe's before issue 46: zero content, one head per layer under refinement, no decoder norm)
+FORMULATIONS = ("dino", "legacy")
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,21 @@ class StrategyContext:
     num_layers: int
     keys: str = "add"  # KEYS
     queries_at: str = "attn"  # DETR's learned query positions: "attn" | "input"
+    num_queries: int = 100  # Q (a strategy with learned content per query sizes its table by it)
+
+
+@dataclass
+class ExtraQueries:
+    """Queries a strategy adds before the matching ones (DN-DETR / DINO's denoising groups), for one batch.
+
+    ``content`` (B, D, d) and ``anchors`` (B, D, 4) unit (cx, cy, w, h) go first in the decoder, before the
+    Q matching queries; ``attn_mask`` (D + Q, D + Q) bool, True = query i may not attend to query j, is the
+    decoder self-attention's; ``meta`` rides along to the loss (``out["dn_outputs"]["meta"]``)."""
+
+    content: torch.Tensor
+    anchors: torch.Tensor
+    attn_mask: torch.Tensor | None = None
+    meta: dict | None = None
 
 
 @dataclass
@@ -106,8 +124,11 @@ class QueryPositions(nn.Module):
     enc_pos_scale: bool | None = False  # DAB-DETR's encoder scales its additive code by an MLP of the tokens
     #: (None: where the encoder has an additive code at its attention layers, ``designs``)
     random_refpoints_xy = False
-    refines = False  # the anchors are refined between layers (deformable operator: one box head per layer)
+    refines = False  # the anchors are refined between layers (``refine`` returns new anchors; the loop detaches them)
     from_proposals = False  # the queries come from the encoder's proposals (two-stage), not an embedding
+    shared_heads = True  # one class and one box head for every layer (False: one per layer, the papers' clones)
+    decoder_norm = True  # the decoder's LayerNorm on every layer's output before the heads (DETR, DINO)
+    look_forward_twice = False  # DINO: layer i + 1's boxes add to layer i's refined anchors before the detach
 
     def __init__(self, d_model: int, *, queries_at: str = "attn") -> None:
         super().__init__()
@@ -134,8 +155,15 @@ class QueryPositions(nn.Module):
         return LayerPositions(ctx, ctx, memory_ctx)
 
     def refine(self, i: int, t: torch.Tensor, anchors, box_head: nn.Module):
-        """The anchors of layer i + 1 (called between layers only)."""
+        """The anchors of layer i + 1 (called between layers only); with ``refines`` not yet detached (the
+        decode loop detaches them, and keeps them attached for the boxes under ``look_forward_twice``)."""
         return anchors
+
+    def extra_queries(self, targets: list[dict] | None, B: int, d: int, dtype: torch.dtype,
+                      device: torch.device) -> ExtraQueries | None:
+        """Queries to run before the matching ones in this forward (denoising groups built from ``targets``),
+        or None (every strategy here; DINO's returns its groups in training)."""
+        return None
 
     def boxes(self, raw: torch.Tensor, anchors: list) -> torch.Tensor:
         """Box predictions (L, B, Q, 4) from the box head's raw outputs and each layer's anchors."""
@@ -254,12 +282,33 @@ class DabQueries(PositionedQueries):
 
     design = "dab"
     OPTIONS = PositionedQueries.OPTIONS | {"query_dim", "modulate_hw", "iter_refine", "random_refpoints_xy",
-                                           "enc_pos_scale"}
+                                           "enc_pos_scale", "look_forward_twice", "formulation"}
 
     def __init__(self, d_model: int, anchor_pe: nn.Module, *, query_dim: int = 4, modulate_hw: bool | None = None,
                  iter_refine: bool = True, keys: str = "concat", keep_query_pos: bool = False,
-                 query_scale: bool = True, random_refpoints_xy: bool = False, enc_pos_scale: bool | None = None) -> None:
+                 query_scale: bool = True, random_refpoints_xy: bool = False, enc_pos_scale: bool | None = None,
+                 look_forward_twice: bool = False, formulation: str | None = None, num_queries: int = 100) -> None:
         super().__init__(d_model, anchor_pe, keys=keys, keep_query_pos=keep_query_pos, query_scale=query_scale)
+        if look_forward_twice and not iter_refine:
+            raise ValueError("decoder_kwargs['look_forward_twice']=True with iter_refine=False: it lets layer i + 1's "
+                             "boxes reach layer i's refinement, and there is none; expected iter_refine=True")
+        if formulation is not None and keys != "sampled":
+            raise ValueError(f"decoder_kwargs['formulation']={formulation!r} with attention='dense': an option of DAB "
+                             "on the deformable operator (DINO's query formulation or vispe's before issue 46); "
+                             "expected it unset")
+        formulation = "dino" if formulation is None else formulation
+        if formulation not in FORMULATIONS:
+            raise ValueError(f"decoder_kwargs['formulation']={formulation!r}: expected one of "
+                             f"{', '.join(map(repr, FORMULATIONS))}")
+        self.look_forward_twice = bool(look_forward_twice)
+        dino = keys == "sampled" and formulation == "dino"
+        self.formulation = formulation if keys == "sampled" else None
+        # DINO (deformable operator): learned content queries, heads shared by the layers, the decoder norm.
+        # vispe's before issue 46 ("legacy"): zero content, one head per layer under refinement, no norm
+        self.tgt_embed = nn.Embedding(num_queries, d_model) if dino else None  # (Q, d) the queries' content
+        if keys == "sampled":
+            self.shared_heads = dino or not iter_refine
+            self.decoder_norm = dino
         if query_dim not in (2, 4):
             raise ValueError(f"query_dim={query_dim!r}: expected 4 (anchor boxes cx, cy, w, h) or 2 (points cx, cy)")
         if modulate_hw and query_dim != 4:
@@ -284,10 +333,14 @@ class DabQueries(PositionedQueries):
                    modulate_hw=_maybe_bool("modulate_hw", options.pop("modulate_hw", None)),
                    iter_refine=_bool("iter_refine", options.pop("iter_refine", True)),
                    random_refpoints_xy=_bool("random_refpoints_xy", options.pop("random_refpoints_xy", False)),
-                   enc_pos_scale=_maybe_bool("enc_pos_scale", options.pop("enc_pos_scale", None)), **kw)
+                   enc_pos_scale=_maybe_bool("enc_pos_scale", options.pop("enc_pos_scale", None)),
+                   look_forward_twice=_bool("look_forward_twice", options.pop("look_forward_twice", False)),
+                   formulation=options.pop("formulation", None), num_queries=c.num_queries, **kw)
 
     def start(self, embed, B, dtype):
         t, _ = super().start(embed, B, dtype)
+        if self.tgt_embed is not None:  # DINO's learned content
+            t = self.tgt_embed.weight[None].to(dtype).expand(B, -1, -1)  # (B, Q, d)
         return t, embed[None].float().sigmoid()  # (1, Q, query_dim)
 
     def layer(self, i, t, embed, anchors, memory_ctx) -> LayerPositions:
@@ -309,7 +362,7 @@ class DabQueries(PositionedQueries):
             return anchors
         qd = self.query_dim
         new = box_head(t)[..., :qd] + inverse_sigmoid(anchors)  # (B, Q, qd)
-        return new.sigmoid().detach()
+        return new.sigmoid()
 
     def boxes(self, raw, anchors):
         qd = self.query_dim

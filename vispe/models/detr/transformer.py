@@ -44,6 +44,7 @@ from torch import nn
 from vispe.attention import Attention, PosContext
 from vispe.encoding import PositionEncoding
 from vispe.models.detr.box_bias import BoxRPB
+from vispe.models.detr.decode import decode_loop
 from vispe.models.detr.designs import LayerSpec
 from vispe.models.detr.mlp import MLP
 from vispe.models.detr.queries import LayerPositions
@@ -100,12 +101,13 @@ class DecoderLayer(nn.Module):
         self.box_bias = box_bias
 
     def forward(self, t: torch.Tensor, p: LayerPositions, memory: torch.Tensor, *,
-                self_bias: torch.Tensor | None = None) -> torch.Tensor:  # (B, Q, d)
-        """``p``: the strategy's contexts for this layer; ``self_bias`` (B, heads, Q, Q) on the self-attention."""
+                self_bias: torch.Tensor | None = None, self_attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``p``: the strategy's contexts for this layer; ``self_bias`` (B, heads, Q, Q) on the self-attention,
+        ``self_attn_mask`` (Q, Q) True = blocked (denoising groups).  # (B, Q, d)"""
         bias = None
         if self.box_bias is not None:
             bias = self.box_bias(p.anchors, p.memory_ctx.shape, p.memory_ctx.mask).to(t.dtype)  # (B, heads, Q, h*w)
-        t = self.norm1(t + self.self_attn(t, ctx=p.self_ctx, bias=self_bias))
+        t = self.norm1(t + self.self_attn(t, attn_mask=self_attn_mask, ctx=p.self_ctx, bias=self_bias))
         t = self.norm2(t + self.cross_attn(t, ctx=p.cross_ctx, memory=memory, memory_ctx=p.memory_ctx, bias=bias))
         return self.norm3(t + self.mlp(t))
 
@@ -150,25 +152,15 @@ class Transformer(nn.Module):
         return x
 
     def decode(self, t: torch.Tensor, embed: torch.Tensor, memory: torch.Tensor, memory_ctx: PosContext,
-               queries, anchors=None, box_head: nn.Module | None = None, *, intermediate: bool = True):
+               queries, anchors=None, box_head: nn.Module | None = None, *, intermediate: bool = True,
+               self_attn_mask: torch.Tensor | None = None):
         """Decoder outputs after every layer (``intermediate``) or the last only, and the anchors each
-        layer used (``queries``: a ``vispe.models.detr.queries`` strategy).  # (L|1, B, Q, d), [anchors]"""
-        outs, used = [], []
-        last = len(self.decoder) - 1
-        self_bias, before = None, anchors  # the relation's boxes before the previous layer
-        for i, layer in enumerate(self.decoder):
-            p = queries.layer(i, t, embed, anchors, memory_ctx)
-            t = layer(t, p, memory, self_bias=self_bias)
-            normed = self.decoder_norm(t) if intermediate or i == last or self.relation is not None else None
-            if intermediate or i == last:
-                outs.append(normed)
-                used.append(anchors)
-            if i == last:
-                break
-            if self.relation is not None:
-                with torch.no_grad():
-                    boxes = queries.boxes(box_head(normed)[None], [anchors])[0]  # (B, Q, 4) this layer's predictions
-                self_bias = self.relation(before, boxes).to(t.dtype)  # (B, heads, Q, Q)
-                before = boxes
-            anchors = queries.refine(i, t, anchors, box_head)
+        layer's boxes add to (``queries``: a ``vispe.models.detr.queries`` strategy; the loop:
+        ``vispe.models.detr.decode``).  # (L|1, B, Q, d), [anchors]"""
+        def run(layer, t, p, anchors, self_bias):
+            return layer(t, p, memory, self_bias=self_bias, self_attn_mask=self_attn_mask)
+
+        outs, used = decode_loop(self.decoder, queries, t, embed, anchors, run, heads=lambda i: box_head,
+                                 norm=self.decoder_norm, relation=self.relation, memory_ctx=memory_ctx,
+                                 intermediate=intermediate)
         return torch.stack(outs), used
