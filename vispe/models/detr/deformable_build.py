@@ -101,7 +101,7 @@ def build_deformable(num_classes: int, *, design, placement, backbone, backbone_
     decoder = DeformableDecoder((DeformableDecoderLayer(d_model, nheads, dim_feedforward, dropout, L, dec_points,
                                                         activation, attn_dropout) for _ in range(dec_layers)),
                                 nn.LayerNorm(d_model) if design.queries.decoder_norm else None)
-    head = _checks.choice("class_head", class_head or design.class_head, CLASS_HEADS)
+    head = _checks.choice("class_head", class_head or design.class_head, getattr(q, "class_heads", CLASS_HEADS))
     model = DeformableDETR(net, proj, level_pos, encoder, decoder, design, num_classes=num_classes,
                            num_queries=num_queries, placement=placement, pe=peg, aux_loss=aux_loss, class_head=head)
     if design.queries.random_refpoints_xy:
@@ -138,5 +138,7 @@ def deformable_init(model: DeformableDETR) -> None:
         for p in q.parameters():
             if p.dim() > 1 and id(p) not in own:
                 nn.init.xavier_uniform_(p)
+        if hasattr(q, "reset_proposal_heads"):  # a strategy's own proposal heads (DINO's) start as the heads do
+            q.reset_proposal_heads()
         if getattr(q, "reference_points", None) is not None:
             nn.init.zeros_(q.reference_points.bias)

@@ -22,8 +22,8 @@ from __future__ import annotations
 from vispe.models.detr.placement import Placement
 from vispe.registry import get
 
-DESIGNS = ("deformable", "dab")  # the query designs the deformable operator takes
-DESIGNS_ONLY = ("deformable",)  # designs that need the deformable operator
+DESIGNS = ("deformable", "dab", "dino")  # the query designs the deformable operator takes
+DESIGNS_ONLY = ("deformable", "dino")  # designs that need the deformable operator
 
 
 def check(decoder: str, decoder_kwargs: dict, *, placement: Placement, pe: str, dec_pe: str | None,

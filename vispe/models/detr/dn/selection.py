@@ -59,7 +59,15 @@ class MixedQuerySelection(nn.Module):
         coords = box_head(m) + proposals  # (B, N, 4) logits
         best = scores.max(-1).values  # (B, N)
         if self.select == "valid":
-            best = best.masked_fill(proposals[..., 0].isinf(), float("-inf"))
+            none = proposals[..., 0].isinf()  # (B, N) tokens without a proposal
+            counts = (~none).sum(1)  # (B,)
+            short = int(counts.argmin())
+            if k > int(counts[short]):
+                raise ValueError(f"num_queries={k}: image {short} has only {int(counts[short])} proposals (tokens whose "
+                                 "box lies inside its valid area), alone or padded alike; expected num_queries <= "
+                                 f"{int(counts[short])}, larger images, or select='all' (the reference's: padded "
+                                 "tokens compete too)")
+            best = best.masked_fill(none, float("-inf"))
         top = best.topk(k, dim=1).indices  # (B, Q)
         chosen = coords.gather(1, top[..., None].expand(-1, -1, 4))  # (B, Q, 4) logits, undetached
         picked = m.gather(1, top[..., None].expand(-1, -1, d))  # (B, Q, d)
