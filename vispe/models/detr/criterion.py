@@ -99,6 +99,9 @@ class SetCriterion(nn.Module):
             raise ValueError(f"the model's class_head={head!r} does not fit this criterion ({want!r} logits: "
                              f"focal_alpha={self.focal_alpha}); build SetCriterion with focal_alpha=0.25 for "
                              "'sigmoid' heads, None for 'softmax'")
+        if "dn_outputs" in outputs and self.focal_alpha is None:
+            raise ValueError("the outputs have denoising groups (dn_outputs, DINO's focal terms): expected a "
+                             "criterion with focal_alpha (0.25) and a sigmoid class head")
         device = outputs["pred_logits"].device
         targets = [{"boxes": t["boxes"].to(device), "labels": t["labels"].to(device, torch.int64)} for t in targets]
         num_boxes = _num_boxes(targets, device)
@@ -115,8 +118,6 @@ class SetCriterion(nn.Module):
             total = total + sum(self.weights[k] * v for k, v in part.items())
             losses.update({k + "_enc": v for k, v in part.items()})
         if "dn_outputs" in outputs:  # denoising groups (DINO): assigned by construction (vispe.models.detr.dn.loss)
-            if self.focal_alpha is None:
-                raise ValueError("the outputs have denoising groups (dn_outputs): expected a criterion with focal_alpha")
             dn = outputs["dn_outputs"]
             part = denoising_losses(dn, targets, num_boxes=num_boxes, focal_alpha=self.focal_alpha,
                                     focal_gamma=self.focal_gamma, **dn["meta"])
