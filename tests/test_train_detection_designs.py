@@ -68,6 +68,8 @@ DDP_DESIGNS = {  # design -> encodings trained after it (train.compare): rotary 
                                        "detr.decoder_kwargs={with_box_refine: true, two_stage: true}",
                                        "detr.query_relation=relation", "detr.d_model=32", "detr.num_feature_levels=2",
                                        "detr.backbone_levels=1", "detr.n_points=2"), "[none]"),
+    "dino": (("detr.attention=deformable", "detr.decoder=dino", "detr.decoder_kwargs={dn_number: 2}", "detr.box_bias=null",
+              "detr.d_model=32", "detr.num_feature_levels=2", "detr.backbone_levels=1", "detr.n_points=2"), "[none]"),
 }
 DRIVER = """import importlib.util, json, sys
 import torch.distributed as dist
