@@ -4,6 +4,7 @@ the matching queries' outputs do not depend on the denoising groups, train.py pa
 criterion adds the denoising terms. The parts' equality with IDEA-Research/DINO: test_dino_parts.py and
 test_dino_decoder.py; every accepted configuration's gradients and an image alone = padded:
 test_deformable_designs.py."""
+import math
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,16 @@ def test_train_py_passes_the_targets_in_training_only():
     with torch.no_grad():
         _, losses, _ = task._forward(model.eval(), batch, "cpu")
     assert "loss_ce_dn" not in losses
+
+
+def test_dinos_heads_and_initialisation():
+    torch.manual_seed(0)
+    model = create_detr(3, **TINY)
+    q = model.queries
+    assert model.class_embed[0] is model.class_embed[1] and model.bbox_embed[0] is model.bbox_embed[1]  # shared
+    assert q.enc_class is not model.class_embed[0] and q.enc_box is not model.bbox_embed[0]  # the proposals' own
+    for head in (q.enc_class, model.class_embed[0]):
+        torch.testing.assert_close(head.bias, torch.full((3,), -math.log(99.0)))  # the focal prior 0.01
+    assert not q.enc_box.layers[-1].weight.any() and not q.enc_box.layers[-1].bias.any()
+    assert model.decoder.norm is not None and q.look_forward_twice and q.tgt_embed is None
+    assert q.selection.tgt_embed.weight.shape == (4, 32) and q.label_enc.weight.shape == (4, 32)

@@ -1,4 +1,4 @@
-"""``DinoQueries`` (vispe.models.detr.dn.queries), DINO's query source and decoder loop as one module:
+"""``DinoDecoding`` (vispe.models.detr.dn.queries), DINO's query source and decoder loop as one module:
 every parameter gets a gradient in training (DDP), eval reads no targets, the matching queries'
 outputs do not depend on the denoising groups, and the denoising losses weigh as their namesakes."""
 import pytest
@@ -8,7 +8,7 @@ from torch import nn
 from vispe.coords import points_at_levels
 from vispe.kernels.deformable import Levels, swap_xy
 from vispe.models.detr.deformable_decoder import DeformableDecoderLayer, encoder_proposals
-from vispe.models.detr.dn import DinoQueries, denoising_losses, weighted_total
+from vispe.models.detr.dn import DinoDecoding, denoising_losses, weighted_total
 from vispe.models.detr.mlp import MLP
 from vispe.models.detr.queries import build_anchor_pe
 
@@ -21,7 +21,7 @@ class Tiny(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList([DeformableDecoderLayer(D, 4, 64, 0.0, num_levels=2, num_points=2)
                                      for _ in range(L)])
-        self.queries = DinoQueries(D, Q, K, build_anchor_pe("sine", {}, D), **kw)
+        self.queries = DinoDecoding(D, Q, K, build_anchor_pe("sine", {}, D), **kw)
         cls, box = nn.Linear(D, K), MLP(D, D, 4, 3)
         self.class_embed, self.bbox_embed = nn.ModuleList([cls] * L), nn.ModuleList([box] * L)
         self.enc_class, self.enc_box = nn.Linear(D, K), MLP(D, D, 4, 3)
@@ -96,7 +96,7 @@ def test_options_are_checked():
                      ({"dn_label_noise_ratio": 2.0}, "dn_label_noise_ratio"),
                      ({"look_forward_twice": 1}, "look_forward_twice"), ({"select": "top"}, "select")]:
         with pytest.raises(ValueError, match=word):
-            DinoQueries(D, Q, K, pe, **kw)
+            DinoDecoding(D, Q, K, pe, **kw)
 
 
 def test_weighted_total_weighs_each_term_as_its_namesake():

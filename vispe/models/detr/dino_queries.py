@@ -29,6 +29,8 @@ unpadded image.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -90,7 +92,7 @@ class DinoQueries(DabQueries):
     def reset_proposal_heads(self) -> None:
         """DINO's proposal heads start as its decoder heads: the focal prior bias, a zero last box layer."""
         with torch.no_grad():
-            nn.init.constant_(self.enc_class.bias, -torch.log(torch.tensor((1 - PRIOR_PROB) / PRIOR_PROB)).item())
+            nn.init.constant_(self.enc_class.bias, -math.log((1 - PRIOR_PROB) / PRIOR_PROB))
             nn.init.zeros_(self.enc_box.layers[-1].weight)
             nn.init.zeros_(self.enc_box.layers[-1].bias)
 

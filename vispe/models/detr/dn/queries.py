@@ -1,6 +1,6 @@
 """DINO's query source and decoder loop as one module, for a detector to call (Zhang et al., ICLR 2023).
 
-``DinoQueries`` owns DINO's own parameters -- ``label_enc`` (the denoising groups' label embedding,
+``DinoDecoding`` owns DINO's own parameters -- ``label_enc`` (the denoising groups' label embedding,
 ``num_classes + 1`` rows as the reference's ``dn_labelbook_size + 1``), ``selection``
 (``MixedQuerySelection``: ``enc_output``, ``enc_output_norm``, ``tgt_embed``), ``query_pos``
 (``DinoQueryPos``: ``ref_point_head`` of the anchor code) and the decoder's final ``norm`` -- and
@@ -32,7 +32,7 @@ from vispe.models.detr.dn.query_pos import DinoQueryPos
 from vispe.models.detr.dn.selection import MixedQuerySelection
 from vispe.models.detr.dn.split import dn_post_process
 
-#: the options of ``DinoQueries`` (``create_detr(decoder="dino", decoder_kwargs=...)``), with DINO's values
+#: the options of ``DinoDecoding``, with DINO's values (the detector's strategy: ``vispe.models.detr.dino_queries``)
 DEFAULTS = dict(dn_number=100, dn_box_noise_scale=1.0, dn_label_noise_ratio=0.5, look_forward_twice=True,
                 select="valid")
 
@@ -41,7 +41,7 @@ DEFAULTS = dict(dn_number=100, dn_box_noise_scale=1.0, dn_label_noise_ratio=0.5,
 Layer = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
-class DinoQueries(nn.Module):
+class DinoDecoding(nn.Module):
     """DINO's queries and decoder loop (module docstring). ``anchor_pe``: the anchors' additive code
     (``vispe.models.detr.queries.build_anchor_pe``; "sine" is DINO's)."""
 
