@@ -35,7 +35,7 @@ DEFORMABLE_SMALL = dict(backbone="small_cnn", backbone_widths=(4, 8, 8), d_model
                         dec_layers=2, dim_feedforward=32, num_queries=3, dropout=0.0, num_feature_levels=2,
                         backbone_levels=1, n_points=2)
 #: the designs of today, used only where the detector's registries are not where this module looks
-KNOWN_DESIGNS = {"dense": ("detr", "conditional", "dab"), "deformable": ("deformable", "dab")}
+KNOWN_DESIGNS = {"dense": ("detr", "conditional", "dab"), "deformable": ("deformable", "dab", "dino")}
 
 
 def skip_reason() -> str | None:
@@ -52,12 +52,12 @@ def family(name: str) -> str:
 
 def detector_designs() -> dict[str, tuple[str, ...]]:
     """{operator: designs}: the query designs each cross-attention operator takes, read from the detector's
-    registries (``designs.STRATEGIES``, ``designs.OPERATORS``, ``deformable_design.DESIGNS``)."""
+    registries (``designs.STRATEGIES``, ``designs.OPERATORS``, ``rules.DESIGNS``)."""
     try:
-        from vispe.models.detr import deformable_design, designs
+        from vispe.models.detr import designs, rules
 
-        dense = tuple(d for d in designs.STRATEGIES if d not in deformable_design.DESIGNS_ONLY)
-        return {op: dense if op == "dense" else tuple(deformable_design.DESIGNS) for op in designs.OPERATORS}
+        dense = tuple(d for d in designs.STRATEGIES if d not in rules.DESIGNS_ONLY)
+        return {op: dense if op == "dense" else tuple(rules.DESIGNS) for op in designs.OPERATORS}
     except (ImportError, AttributeError):  # the registries moved: today's names (create_detr refuses a stale one)
         return dict(KNOWN_DESIGNS)
 

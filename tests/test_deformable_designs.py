@@ -16,7 +16,11 @@ TINY = dict(backbone="small_cnn", backbone_widths=(4, 8, 8), d_model=32, nheads=
 DESIGNS = {"deformable": dict(decoder="deformable"),
            "refine": dict(decoder="deformable", decoder_kwargs=dict(with_box_refine=True)),
            "two_stage": dict(decoder="deformable", decoder_kwargs=dict(with_box_refine=True, two_stage=True)),
-           "dab": dict(decoder="dab")}
+           "dab": dict(decoder="dab"),
+           "dino": dict(decoder="dino", decoder_kwargs=dict(dn_number=2))}
+#: targets for the training forward (DINO's denoising groups are built from them; the other designs ignore them)
+TARGETS = [{"boxes": torch.tensor([[0.3, 0.4, 0.2, 0.3], [0.7, 0.6, 0.2, 0.2]]), "labels": torch.tensor([0, 2])},
+           {"boxes": torch.tensor([[0.5, 0.5, 0.4, 0.3]]), "labels": torch.tensor([1])}]
 #: the encodings an image alone and padded in a batch see alike on the deformable detector (explicit, so a
 #: change of any encoding's mask handling shows here)
 INVARIANT = ("sine", "fourier", "learned_rowcol", "sincos2d", "axis2d", "peg", "none")
@@ -37,7 +41,7 @@ def configurations():
     """(label, kwargs, refusal pattern or None) for every design x every registered encoding on the deformable
     operator, plus every option that changes which modules exist or is refused there."""
     out = []
-    for design in ("deformable", "dab", "detr", "conditional"):
+    for design in ("deformable", "dab", "dino", "detr", "conditional"):
         for name in vispe.available():
             family = vispe.registry.get(name).family
             refused = ("no reference point" if design == "detr" else "spatial query is concatenated"
@@ -75,6 +79,21 @@ def configurations():
         ("no aux", dict(aux_loss=False), None), ("gelu", dict(activation="gelu"), None),
         ("legacy init", dict(init="legacy"), "one initialisation"),
         ("detr design default", dict(decoder="detr"), "no reference point"),
+        ("dino", DESIGNS["dino"], None),
+        ("dino without denoising", dict(decoder="dino", decoder_kwargs=dict(dn_number=0)), None),
+        ("dino look forward once", dict(decoder="dino", decoder_kwargs=dict(look_forward_twice=False)), None),
+        ("dino select all", dict(decoder="dino", decoder_kwargs=dict(two_stage_select="all")), None),
+        ("dino relation", dict(DESIGNS["dino"], query_relation="relation"), None),
+        ("dino no aux", dict(DESIGNS["dino"], aux_loss=False), None),
+        ("dino one level", dict(DESIGNS["dino"], num_feature_levels=1), None),
+        ("dino fourier anchors", dict(decoder="dino", decoder_kwargs=dict(anchor_pe="fourier", anchor_pe_kwargs=dict(
+            mask_aware=True, learnable=True, mlp_dim=8))), None),
+        ("dino softmax", dict(DESIGNS["dino"], class_head="softmax"), "class_head='softmax'"),
+        ("dino keep_query_pos", dict(decoder="dino", decoder_kwargs=dict(keep_query_pos=True)),
+         "decoder_kwargs has \\['keep_query_pos'\\] for decoder='dino'"),
+        ("dino box noise", dict(decoder="dino", decoder_kwargs=dict(dn_box_noise_scale=-1.0)), "dn_box_noise_scale"),
+        ("dino dense", dict(decoder="dino", attention="dense", num_feature_levels=None, backbone_levels=None,
+                            n_points=None), "decoder='dino' with attention='dense'"),
     ]
     out += [(f"option {label}", {"decoder": "deformable", **kw}, refused) for label, kw, refused in options]
     return out
@@ -85,6 +104,8 @@ CONFIGS = configurations()
 
 def _loss(out):
     parts = [out, *out.get("aux_outputs", [])] + ([out["enc_outputs"]] if "enc_outputs" in out else [])
+    if "dn_outputs" in out:  # DINO's denoising groups
+        parts += [out["dn_outputs"], *out["dn_outputs"].get("aux_outputs", [])]
     return sum(o["pred_logits"].sum() + o["pred_boxes"].sum() for o in parts)
 
 
@@ -104,7 +125,9 @@ def test_every_triple_is_accepted_with_every_parameter_trained_or_refused_with_i
             continue
         model = create_detr(3, **{**TINY, **kw}).train()
         assert isinstance(model, DeformableDETR), label
-        _loss(model(images, mask)).backward()
+        out = model(images, mask, targets=TARGETS)
+        assert ("dn_outputs" in out) == (kw.get("decoder") == "dino" and kw.get("decoder_kwargs", {}).get("dn_number", 100) > 0)
+        _loss(out).backward()
         missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
         assert not missing, (label, missing)
         bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
@@ -135,7 +158,7 @@ def test_the_dense_operator_refuses_the_deformable_options(kw, match):
         create_detr(3, backbone="small_cnn", backbone_widths=(4, 8), d_model=16, nheads=2, **kw)
 
 
-@pytest.mark.parametrize("design", ["deformable", "two_stage", "dab relation"])
+@pytest.mark.parametrize("design", ["deformable", "two_stage", "dab relation", "dino"])
 def test_an_image_alone_equals_it_padded_in_a_batch(design):
     """Mask-aware small CNN and input projections, valid size a multiple of the coarsest stride (16): the
     image alone and padded into a larger batch (garbage in the padding) give the same outputs, for every

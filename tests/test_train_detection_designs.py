@@ -34,7 +34,9 @@ def args_for(tmp: Path, coco: Path, *extra: str) -> list[str]:
     ("detr.decoder=dab", "detr.box_bias=boxrpb", "detr.box_bias_kwargs.hidden=8", "detr.activation=prelu"),
     ("detr.attention=deformable", "detr.decoder=dab", "detr.box_bias=null", "detr.d_model=32", "detr.num_feature_levels=2",
      "detr.backbone_levels=1", "detr.n_points=2"),
-], ids=["conditional", "dab-rope_axial", "dab-boxrpb-prelu", "dab-deformable"])
+    ("detr.attention=deformable", "detr.decoder=dino", "detr.decoder_kwargs={dn_number: 2}", "detr.box_bias=null",
+     "detr.d_model=32", "detr.num_feature_levels=2", "detr.backbone_levels=1", "detr.n_points=2"),
+], ids=["conditional", "dab-rope_axial", "dab-boxrpb-prelu", "dab-deformable", "dino"])
 def test_positioned_designs_train_evaluate_and_draw(tmp_path, extra):
     coco = write_miniature_coco(tmp_path / "coco", n_images=4, seed=0)
     name = "run"
@@ -66,6 +68,8 @@ DDP_DESIGNS = {  # design -> encodings trained after it (train.compare): rotary 
                                        "detr.decoder_kwargs={with_box_refine: true, two_stage: true}",
                                        "detr.query_relation=relation", "detr.d_model=32", "detr.num_feature_levels=2",
                                        "detr.backbone_levels=1", "detr.n_points=2"), "[none]"),
+    "dino": (("detr.attention=deformable", "detr.decoder=dino", "detr.decoder_kwargs={dn_number: 2}", "detr.box_bias=null",
+              "detr.d_model=32", "detr.num_feature_levels=2", "detr.backbone_levels=1", "detr.n_points=2"), "[none]"),
 }
 DRIVER = """import importlib.util, json, sys
 import torch.distributed as dist

@@ -145,7 +145,8 @@ class DetectionTask:
         images, mask, targets = batch
         images = images.to(device, non_blocking=True)  # (B, 3, H, W)
         mask = mask.to(device, non_blocking=True)  # (B, H, W)
-        out = model(images, mask)
+        # in training, a model that takes the targets gets them (DINO's denoising groups); eval never passes them
+        out = model(images, mask, targets=targets) if model.training and _takes_targets(model) else model(images, mask)
         losses = self.criterion.to(device)(out, targets)
         n = images.shape[0]
         with torch.no_grad():
@@ -227,3 +228,12 @@ def _coco_of(dataset):
             raise ValueError(f"{type(dataset).__name__} has no .coco: expected a vispe detection data set")
         dataset = dataset.dataset
     return dataset.coco
+
+
+def _takes_targets(model) -> bool:
+    """Whether ``model``'s forward (under a DDP or torch.compile wrapper) takes ``targets``."""
+    import inspect
+
+    inner = getattr(model, "module", model)  # DistributedDataParallel
+    inner = getattr(inner, "_orig_mod", inner)  # torch.compile
+    return "targets" in inspect.signature(inner.forward).parameters

@@ -15,7 +15,9 @@ unmatched query an all-zero target, summed and divided by ``num_boxes`` (the pap
 
 Two-stage detectors (Deformable DETR's A.4) also return ``enc_outputs``, every encoder token's proposal:
 it gets the same losses against the targets with every label set to class 0 (the papers' class-agnostic
-proposals), reported with the suffix ``_enc``.
+proposals), reported with the suffix ``_enc``; DINO's (``"classes": True``: its top-k selected proposals)
+with the true classes. DINO's denoising groups (``dn_outputs``) add ``vispe.models.detr.dn.loss``'s terms
+(``loss_ce_dn``, ``loss_bbox_dn``, ``loss_giou_dn``, ``..._dn_{i}`` per layer), weighted as their namesakes.
 
 ``num_boxes`` is the number of target boxes in the batch, summed over processes when
 torch.distributed is initialised and divided by the world size (DETR), at least 1.
@@ -31,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import box_convert, generalized_box_iou_loss, sigmoid_focal_loss
 
+from vispe.models.detr.dn.loss import denoising_losses, weighted_total
 from vispe.models.detr.matcher import HungarianMatcher
 
 TOLERANCE = 1e-4  # boxes may exceed the image by this much (rounding of normalised coordinates)
@@ -96,6 +99,9 @@ class SetCriterion(nn.Module):
             raise ValueError(f"the model's class_head={head!r} does not fit this criterion ({want!r} logits: "
                              f"focal_alpha={self.focal_alpha}); build SetCriterion with focal_alpha=0.25 for "
                              "'sigmoid' heads, None for 'softmax'")
+        if "dn_outputs" in outputs and self.focal_alpha is None:
+            raise ValueError("the outputs have denoising groups (dn_outputs, DINO's focal terms): expected a "
+                             "criterion with focal_alpha (0.25) and a sigmoid class head")
         device = outputs["pred_logits"].device
         targets = [{"boxes": t["boxes"].to(device), "labels": t["labels"].to(device, torch.int64)} for t in targets]
         num_boxes = _num_boxes(targets, device)
@@ -105,11 +111,18 @@ class SetCriterion(nn.Module):
             total = total + sum(self.weights[k] * v for k, v in part.items())
             suffix = "" if i == 0 else f"_{i - 1}"
             losses.update({k + suffix: v for k, v in part.items()})
-        if "enc_outputs" in outputs:  # two-stage proposals: class-agnostic targets (every label 0)
+        if "enc_outputs" in outputs:  # two-stage proposals: class-agnostic targets (every label 0); DINO's: true ones
             binary = [{"boxes": t["boxes"], "labels": torch.zeros_like(t["labels"])} for t in targets]
-            part = self._losses(outputs["enc_outputs"], binary, num_boxes)
+            part = self._losses(outputs["enc_outputs"], targets if outputs["enc_outputs"].get("classes") else binary,
+                                num_boxes)
             total = total + sum(self.weights[k] * v for k, v in part.items())
             losses.update({k + "_enc": v for k, v in part.items()})
+        if "dn_outputs" in outputs:  # denoising groups (DINO): assigned by construction (vispe.models.detr.dn.loss)
+            dn = outputs["dn_outputs"]
+            part = denoising_losses(dn, targets, num_boxes=num_boxes, focal_alpha=self.focal_alpha,
+                                    focal_gamma=self.focal_gamma, **dn["meta"])
+            total = total + weighted_total(part, self.weights)
+            losses.update(part)
         losses["loss"] = total
         return losses
 

@@ -91,7 +91,7 @@ def build_deformable(num_classes: int, *, design, placement, backbone, backbone_
     decoder = DeformableDecoder((DeformableDecoderLayer(d_model, nheads, dim_feedforward, dropout, L, dec_points,
                                                         activation, attn_dropout) for _ in range(dec_layers)),
                                 nn.LayerNorm(d_model) if design.queries.decoder_norm else None)
-    head = _checks.choice("class_head", class_head or design.class_head, CLASS_HEADS)
+    head = _checks.choice("class_head", class_head or design.class_head, getattr(design.queries, "class_heads", CLASS_HEADS))
     model = DeformableDETR(net, proj, level_pos, encoder, decoder, design, num_classes=num_classes,
                            num_queries=num_queries, placement=placement, pe=peg, aux_loss=aux_loss, class_head=head)
     if design.queries.random_refpoints_xy:
@@ -125,5 +125,7 @@ def deformable_init(model: DeformableDETR) -> None:
         if q.design == "deformable" and not q.two_stage:
             nn.init.constant_(model.bbox_embed[0].layers[-1].bias[2:], -2.0)
         xavier_matrices(q)
+        if hasattr(q, "reset_proposal_heads"):  # a strategy's own proposal heads (DINO's) start as the heads do
+            q.reset_proposal_heads()
         if getattr(q, "reference_points", None) is not None:
             nn.init.zeros_(q.reference_points.bias)

@@ -44,13 +44,14 @@ import torch
 
 from vispe.models.detr import rules
 from vispe.models.detr.deformable_queries import DeformableQueries
+from vispe.models.detr.dino_queries import DinoQueries
 from vispe.models.detr.placement import Placement
 from vispe.models.detr.queries import ConditionalQueries, DabQueries, QueryPositions, StrategyContext
 from vispe.registry import get
 
 #: ``create_detr(decoder=...)``: the query-position strategy of each design
 STRATEGIES = {"detr": QueryPositions, "conditional": ConditionalQueries, "dab": DabQueries,
-              "deformable": DeformableQueries}
+              "deformable": DeformableQueries, "dino": DinoQueries}
 
 CLASS_HEADS = ("softmax", "sigmoid")
 BOX_BIASES = ("boxrpb",)
@@ -112,7 +113,8 @@ def build_design(decoder: str, decoder_kwargs: dict, *, box_bias: str | None = N
                  box_bias_kwargs: dict | None = None, query_relation: str | None = None,
                  query_relation_kwargs: dict | None = None, init: str = "papers",
                  d_model: int, num_layers: int, placement: Placement, pe: str, dec_pe: str | None = None,
-                 enc_layers: int = 1, stride: float = 16.0, attention: str = "dense", num_queries: int = 100) -> Design:
+                 enc_layers: int = 1, stride: float = 16.0, attention: str = "dense", num_queries: int = 100,
+                 num_classes: int | None = None) -> Design:
     """Check every option against the design, the operator and the encodings, and build the typed design."""
     if attention not in OPERATORS:
         raise ValueError(f"attention={attention!r}: expected one of {', '.join(map(repr, OPERATORS))}")
@@ -131,7 +133,9 @@ def build_design(decoder: str, decoder_kwargs: dict, *, box_bias: str | None = N
     if attention == "deformable":
         rules.check(decoder, kw, placement=placement, pe=pe, dec_pe=dec_pe, box_bias=box_bias, init=init)
     elif decoder in rules.DESIGNS_ONLY:
-        raise ValueError(f"decoder={decoder!r} with attention='dense': Deformable DETR's queries sample the memory at "
+        what = "Deformable DETR's" if decoder == "deformable" else "DINO's (mixed query selection from the multi-scale " \
+            "encoder's proposals)"
+        raise ValueError(f"decoder={decoder!r} with attention='dense': {what} queries sample the memory at "
                          "their reference points; expected attention='deformable' (or a dense design: "
                          "'detr', 'conditional', 'dab')")
     else:
@@ -142,7 +146,7 @@ def build_design(decoder: str, decoder_kwargs: dict, *, box_bias: str | None = N
                          "their positions at every attention layer; expected 'attn'")
     keys = "sampled" if attention == "deformable" else "add" if decoder == "detr" else \
         _positioned_keys(pe, dec_pe, placement)
-    queries = cls.build(kw, StrategyContext(d_model, num_layers, keys, placement.queries, num_queries))
+    queries = cls.build(kw, StrategyContext(d_model, num_layers, keys, placement.queries, num_queries, num_classes))
     for name, value in (("box_bias", box_bias), ("query_relation", query_relation)):
         if value is not None and not queries.anchor_boxes:
             detail = ", query_dim=2" if decoder == "dab" else ""

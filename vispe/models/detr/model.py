@@ -278,7 +278,7 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
                      box_bias_kwargs=dict(box_bias_kwargs or {}), query_relation=query_relation,
                      query_relation_kwargs=dict(query_relation_kwargs or {}), init=init, d_model=d_model,
                      num_layers=dec_layers, placement=placement, pe=pe, dec_pe=dec_pe, enc_layers=enc_layers,
-                     num_queries=num_queries)
+                     num_queries=num_queries, num_classes=num_classes)
     if attention == "deformable":
         model = build_deformable(num_classes, design=build_design(**design_kw, attention=attention), **common,
                                  num_feature_levels=num_feature_levels, n_points=n_points, level_pe=level_pe,

@@ -58,6 +58,7 @@ class StrategyContext:
     keys: str = "add"  # KEYS
     queries_at: str = "attn"  # DETR's learned query positions: "attn" | "input"
     num_queries: int = 100  # Q (a strategy with learned content per query sizes its table by it)
+    num_classes: int | None = None  # K (a strategy with a class table of its own: DINO's label embedding)
 
 
 @dataclass
