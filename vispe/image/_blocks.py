@@ -43,6 +43,9 @@ class BlockRotaryBase(RotaryBase):
             raise ValueError(f"layout='half' with block_size={b} = head_dim: one block of every channel has nothing "
                              "to group (layout groups channels into blocks); expected layout='interleaved'")
         self._block = b
+        # an instance attribute from the start: torch.compile guards on its value, not on its presence
+        # (set by ``factors`` on the first eager call, it recompiled a ComRoPE ViT at its second size)
+        self._factored = False
 
     @property
     def block_size(self) -> int:  # 2: angles; b > 2: block rotations (vispe.encoding)

@@ -51,8 +51,8 @@ from torch import nn
 
 from vispe import _checks, _tracing, lie
 from vispe.image._blocks import BlockRotaryBase
-from vispe.kernels.rope_blocks import Commuting
-from vispe.kernels.rope_commuting import skew_schur
+from vispe.image._factors import Commuting
+from vispe.lie import skew_schur
 from vispe.registry import register
 
 VARIANTS = ("ld", "ap")

@@ -58,7 +58,7 @@ from torch import nn
 
 from vispe import _checks, _tracing, lie
 from vispe.image._blocks import BlockRotaryBase
-from vispe.kernels.rope_blocks import Recomputed
+from vispe.image._factors import Recomputed
 from vispe.registry import register
 
 COORDS = ("liere", "normalized", "index", "centered")

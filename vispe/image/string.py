@@ -59,8 +59,8 @@ from vispe import _checks, lie
 from vispe.axis.rope import apply_rope, half_to_interleaved
 from vispe.axis.rope_scaling import yarn_frequencies
 from vispe.image._blocks import BlockRotaryBase
+from vispe.image._factors import Conjugated
 from vispe.image.rope_mixed import mixed_init
-from vispe.kernels.rope_blocks import Conjugated
 from vispe.registry import register
 
 VARIANTS = ("cayley", "circulant")

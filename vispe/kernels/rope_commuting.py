@@ -33,25 +33,12 @@ import math
 
 import torch
 
-from vispe.lie import block_channels
+from vispe.lie import SCHUR_TOL, block_channels, skew_schur
 
-#: how far from orthogonal the Schur basis may be (float64) before the caller falls back
-SCHUR_TOL = 1e-9
+__all__ = ["SCHUR_TOL", "commuting_rotate", "dense_basis", "skew_schur"]
+
 #: tokens per chunk of the Frechet sum in backward (bounds its temporaries at chunk * nb * b^2 floats)
 CHUNK = 2048
-
-
-def skew_schur(B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Real Schur form of skew-symmetric ``B`` (..., b, b), b even: ``B = Q diag(w_k J) Q^T`` with
-    ``J = [[0, -1], [1, 0]]`` and columns of Q in pairs (a_k, c_k). Returns Q (..., b, b) and w
-    (..., b/2) in B's dtype (computed in float64), and whether each basis is orthonormal (...,)."""
-    b = B.shape[-1]
-    mu, U = torch.linalg.eigh(1j * B.detach().double())  # ascending; i B u = mu u: B u = -i mu u
-    top = U[..., b // 2:] * math.sqrt(2)  # (..., b, b/2) mu >= 0: B a = mu c, B c = -mu a
-    Q = torch.stack([top.real, top.imag], -1).flatten(-2)  # (..., b, b) columns a_1, c_1, a_2, ...
-    eye = torch.eye(b, dtype=Q.dtype, device=Q.device)
-    ok = (Q.transpose(-1, -2) @ Q - eye).abs().amax((-1, -2)) < SCHUR_TOL  # (...,)
-    return Q.to(B.dtype), mu[..., b // 2:].to(B.dtype), ok
 
 
 def dense_basis(Q: torch.Tensor, d: int, layout: str) -> torch.Tensor:
