@@ -1,7 +1,9 @@
-"""results/compare/freshness.py: a results CSV whose commit's run files differ from HEAD fails the
-check unless marked (issue 29 item 1); the check passes on this repository as committed."""
+"""results/compare/freshness.py: a results CSV whose commit's run files differ from this checkout fails
+the check unless a mark covers it (issue 29 item 1); a mark records the hashes of the files the runs
+import and expires when one changes (issue 53); remark.py writes a mark only from equal smoke runs."""
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -30,7 +32,7 @@ def repo(tmp_path: Path) -> Path:
     git(tmp_path, "config", "user.email", "t@t")
     git(tmp_path, "config", "user.name", "t")
     for f, text in {"train.py": "x = 1\n", "configs/digits_cell.yaml": "a: 1\n", "configs/shapes_detr.yaml": "a: 1\n",
-                    "vispe/attention.py": "y = 1\n", "vispe/report.py": "z = 1\n"}.items():
+                    "vispe/attention.py": "y = 1\n", "vispe/report.py": "z = 1\n", "vispe/detr.py": "w = 1\n"}.items():
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / f).write_text(text)
     git(tmp_path, "add", "-A")
@@ -55,7 +57,7 @@ def states(repo: Path) -> dict[str, str]:
     return {Path(v.csv).name: v.state for v in freshness.check(repo)}
 
 
-def test_fresh_then_stale_then_marked(repo):
+def test_fresh_then_stale_then_marked_then_expired(repo):
     a = git(repo, "rev-parse", "HEAD")
     write_csv(repo, "digits_cell.csv", [a, a])
     assert states(repo) == {"digits_cell.csv": "fresh"}
@@ -67,9 +69,61 @@ def test_fresh_then_stale_then_marked(repo):
     v = freshness.check(repo)[0]
     assert v.state == "STALE, NOT MARKED" and "vispe/attention.py" in v.stale[a]
     assert freshness.report([v])[1] == 1
-    freshness.mark("results/compare/data/digits_cell.csv", "too long to rerun here", root=repo)
+    entry = freshness.mark("results/compare/data/digits_cell.csv", "too long to rerun here", root=repo,
+                           evidence="smoke runs equal")
+    assert entry["files"]["vispe/attention.py"] == freshness.blob((repo / "vispe/attention.py").read_bytes())
+    assert entry["at"] == git(repo, "rev-parse", "HEAD") and "vispe/report.py" not in entry["files"]
     assert states(repo) == {"digits_cell.csv": "stale, marked"}
     assert freshness.report(freshness.check(repo))[1] == 0
+    commit_change(repo, "vispe/attention.py")  # a file the mark recorded changes: the mark expires
+    v = freshness.check(repo)[0]
+    assert v.state == "STALE, MARK EXPIRED" and v.expired == ["vispe/attention.py"]
+    text, rc = freshness.report([v])
+    assert rc == 1 and "vispe/attention.py" in text and "--remark" in text
+    assert "**STALE**" in freshness.status_line(v) and "vispe/attention.py" in freshness.status_line(v)
+
+
+def test_a_mark_expires_only_with_the_files_it_recorded_and_on_uncommitted_edits(repo):
+    a = git(repo, "rev-parse", "HEAD")
+    write_csv(repo, "digits_cell.csv", [a])
+    commit_change(repo, "vispe/attention.py")
+    imported = {p: freshness.file_hash(repo, p) for p in ("train.py", "vispe/attention.py")}  # a traced set
+    freshness.mark("results/compare/data/digits_cell.csv", "why", root=repo, evidence="equal", files=imported)
+    commit_change(repo, "vispe/detr.py")  # a run file the traced runs did not import
+    assert states(repo) == {"digits_cell.csv": "stale, marked"}
+    (repo / "train.py").write_text("x = 2\n")  # not committed: the checkout is what the check reads
+    v = freshness.check(repo)[0]
+    assert v.state == "STALE, MARK EXPIRED" and v.expired == ["train.py"]
+    (repo / "train.py").write_text("x = 1\n")
+    assert states(repo) == {"digits_cell.csv": "stale, marked"}
+
+
+def test_an_uncommitted_edit_makes_a_fresh_csv_stale(repo):
+    write_csv(repo, "digits_cell.csv", [git(repo, "rev-parse", "HEAD")])
+    (repo / "vispe" / "attention.py").write_text("y = 2\n")
+    v = freshness.check(repo)[0]
+    assert v.state == "STALE, NOT MARKED" and "vispe/attention.py" in freshness.explain(v)
+
+
+def test_a_mark_without_file_hashes_does_not_hold(repo):
+    """Marks written before issue 53 name commits and a reason only: they cannot tell what changed since."""
+    a = git(repo, "rev-parse", "HEAD")
+    write_csv(repo, "digits_cell.csv", [a])
+    commit_change(repo, "vispe/attention.py")
+    rel = "results/compare/data/digits_cell.csv"
+    (repo / freshness.MARKS).write_text(json.dumps({rel: {"commits": [a], "reason": "old"}}))
+    v = freshness.check(repo)[0]
+    assert v.state == "STALE, MARK EXPIRED" and "vispe/attention.py" in freshness.explain(v)
+
+
+def test_a_record_mark_keeps_old_rows_as_their_commits_record(repo):
+    a = git(repo, "rev-parse", "HEAD")
+    write_csv(repo, "digits_cell.csv", [a])
+    commit_change(repo, "vispe/attention.py")
+    freshness.mark("results/compare/data/digits_cell.csv", "the old grid", root=repo, record=True)
+    commit_change(repo, "vispe/attention.py")
+    v = freshness.check(repo)[0]
+    assert v.state == "record" and v.ok and a[:7] in freshness.status_line(v)
 
 
 def test_config_change_makes_its_task_stale(repo):
@@ -82,7 +136,7 @@ def test_mark_covers_only_the_commits_it_recorded(repo):
     a = git(repo, "rev-parse", "HEAD")
     f = write_csv(repo, "digits_cell.csv", [a])
     b = commit_change(repo, "vispe/attention.py")
-    freshness.mark(str(f), "old", root=repo)
+    freshness.mark(str(f), "old", root=repo, evidence="equal")
     assert states(repo) == {"digits_cell.csv": "stale, marked"}
     c = commit_change(repo, "train.py")
     write_csv(repo, "digits_cell.csv", [a, b])  # rows from b added later: b is stale too, not covered
@@ -108,15 +162,17 @@ def test_csv_without_commit_and_curves(repo):
     write_csv(repo, "digits_cell.csv", [git(repo, "rev-parse", "HEAD")])
     (d / "digits_cell_curves.csv").write_text("epoch,run\n1,r0\n")  # covered by digits_cell.csv
     assert states(repo) == {"digits_cell.csv": "fresh", "leak.csv": "STALE, NOT MARKED"}
-    freshness.mark(str(d / "leak.csv"), "no commit recorded by its runner", root=repo)
+    freshness.mark(str(d / "leak.csv"), "no commit recorded by its runner", root=repo, evidence="probe code unchanged")
     assert states(repo)["leak.csv"] == "stale, marked"
 
 
 def test_mark_refuses_bad_input(repo):
     with pytest.raises(ValueError, match="reason"):
         freshness.mark("results/compare/data/x.csv", "  ", root=repo)
+    with pytest.raises(ValueError, match="evidence="):
+        freshness.mark("results/compare/data/x.csv", "why", root=repo)
     with pytest.raises(ValueError, match="csv="):
-        freshness.mark("results/compare/data/missing.csv", "why", root=repo)
+        freshness.mark("results/compare/data/missing.csv", "why", root=repo, evidence="equal")
 
 
 @pytest.mark.slow
@@ -138,12 +194,38 @@ def test_excluded_packages_are_not_imported_by_the_rest_of_vispe():
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
-@needs_git
-@pytest.mark.slow
-def test_check_passes_on_this_repository():
-    out = subprocess.run([sys.executable, str(ROOT / "results" / "compare" / "update.py"), "--check"],
-                         cwd=ROOT, capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout + out.stderr
+def test_remark_writes_a_mark_only_from_equal_smoke_runs(repo, monkeypatch):
+    """remark.py: every smoke run equal at the old commit and here -> a new mark with the traced imports'
+    hashes; one number different -> nothing written, exit 1 (the runs themselves are same_numbers.py's)."""
+    import remark
+    import same_numbers
+
+    a = git(repo, "rev-parse", "HEAD")
+    write_csv(repo, "digits_cell.csv", [a])
+    commit_change(repo, "vispe/attention.py")
+    rel = "results/compare/data/digits_cell.csv"
+    spec = {"config": "configs/digits_cell.yaml", "runs": [{"pe": "sine"}, {"pe": "rope", "overrides": ["k=v"]}]}
+    (repo / freshness.MARKS).write_text(json.dumps({rel: {"commits": [a], "reason": "why", "smoke": spec}}))
+    result = {"old": 0.5, "new": 0.5}
+
+    def numbers(tree, config, pe, overrides, out, imports=None):
+        if imports is not None:  # the traced run: what it imported, inside and outside the checkout
+            imports.write_text(json.dumps([str(repo / "vispe" / "attention.py"), "/usr/lib/python3/os.py"]))
+        return {"acc": result["new" if imports is not None else "old"], "pe": pe}
+
+    monkeypatch.setattr(same_numbers, "snapshot", lambda sha: repo)
+    monkeypatch.setattr(same_numbers, "numbers", numbers)
+    result["new"] = 0.5000001
+    assert remark.remark("digits_cell", root=repo, log=lambda *_: None) == 1
+    assert "files" not in freshness.load_marks(repo)[rel]  # nothing written
+    result["new"] = 0.5
+    assert remark.remark("digits_cell", root=repo, log=lambda *_: None) == 0
+    entry = freshness.load_marks(repo)[rel]
+    assert sorted(entry["files"]) == ["configs/digits_cell.yaml", "train.py", "vispe/attention.py"]
+    assert entry["smoke"] == spec and "2 smoke runs" in entry["evidence"] and a[:7] in entry["evidence"]
+    assert states(repo) == {"digits_cell.csv": "stale, marked"}
+    with pytest.raises(ValueError, match="name='nope'"):
+        remark.remark("nope", root=repo)
 
 
 def test_effort_counts_runs_once_across_their_evaluation_rows(tmp_path):

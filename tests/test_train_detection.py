@@ -51,11 +51,13 @@ def test_detection_run_writes_coco_metrics_pictures_and_a_comparison(setup):
     assert summary["primary"] == "AP" and summary["task"] == "detection" and summary["steps"] == 6
     assert sorted(map(int, summary["eval"])) == [48, 72]
     for metrics in summary["eval"].values():
-        assert set(AP_KEYS) <= set(metrics) and all(-1.0 <= metrics[k] <= 1.0 for k in AP_KEYS)
+        # COCOeval's -1 (no object of a size) is left out, never logged as a score (issue 53)
+        assert {"AP", "AP50", "AP75"} <= set(metrics) and all(0.0 <= metrics[k] <= 1.0 for k in AP_KEYS if k in metrics)
         assert metrics["loss"] > 0
     with open(run / "sine" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 2 and all(r["test_AP"] != "" and float(r["train_loss"]) > 0 for r in rows)
+    assert not any(v.strip() in ("-1", "-1.0") for r in rows for v in r.values())
     assert (run / "sine" / "predictions" / "epoch_001.png").is_file()
     assert (run / "sine" / "predictions" / "epoch_002.png").stat().st_size > 0
     table = (run / "comparison.md").read_text()
@@ -129,3 +131,16 @@ def test_a_corrupt_image_mid_run_is_an_error_naming_it_and_keeps_what_was_writte
     assert f"train.py: error: COCO image file {bad}" in proc.stderr and "cannot be decoded" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert {f: (sub / f).read_bytes() for f in before} == before
+
+
+def test_cocos_minus_one_is_left_out_and_said_once():
+    """COCOeval gives -1 for a size with no ground truth: undefined, not a score (issue 53)."""
+    from vispe.train import detection
+
+    detection._SAID.clear()
+    said: list[str] = []
+    got = detection.absent_sizes({"AP": 0.5, "AP50": 0.9, "APs": 0.0, "APm": -1.0, "APl": -1.0}, say=said.append)
+    assert got == {"AP": 0.5, "AP50": 0.9, "APs": 0.0}  # 0.0 is a score, kept
+    assert len(said) == 1 and "APl, APm" in said[0] and "-1" in said[0]
+    assert detection.absent_sizes({"AP": 0.4, "APl": -1.0}, say=said.append) == {"AP": 0.4}
+    assert len(said) == 1  # once per process

@@ -185,3 +185,20 @@ def test_weight_init_torch_keeps_pytorchs_modules_and_initialises_the_tokens(uni
         for n, p in timm_model.named_parameters():
             assert torch.isfinite(p).all(), (name, n)
         assert timm_model.blocks[0].attn.qkv.bias.abs().max() > 0
+
+
+def test_a_preset_without_pe_is_learned_abs_and_says_so(caplog):
+    """issue 53: create_vit("vit_pico") without pe means learned_abs; the log says it, a named pe does not."""
+    import logging
+
+    from vispe.image.learned_abs import LearnedAbsEncoding
+
+    with caplog.at_level(logging.INFO, logger="vispe.models.vit"):
+        m = create_vit("vit_pico")
+    assert isinstance(m.pe, LearnedAbsEncoding)
+    assert [r.getMessage() for r in caplog.records] == [
+        "create_vit('vit_pico'): no pe given, the preset's default pe='learned_abs' (a learned absolute table)"]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="vispe.models.vit"):
+        create_vit("vit_pico", pe="learned_abs")
+    assert not caplog.records

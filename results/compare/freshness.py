@@ -1,29 +1,38 @@
-"""Is each results CSV from the code of today? Commits named by the CSVs against HEAD's history.
+"""Is each results CSV from the code of today? File contents at the CSVs' commits against this checkout.
 
-    .venv/bin/python results/compare/update.py --check                     # exit 1 on a stale, unmarked CSV
-    .venv/bin/python results/compare/update.py --mark results/compare/data/X.csv --reason "why not rerun"
+    .venv/bin/python results/compare/update.py --check         # exit 1 on a stale CSV: unmarked, or its mark expired
+    .venv/bin/python results/compare/update.py --remark NAME   # re-mark with new evidence (results/compare/remark.py)
 
 Every ``*.csv`` under ``results/`` with a ``commit`` column (one per row, written by vispe.sweep)
-is **fresh** when each commit it names is an ancestor of HEAD and none of the files its runs use
-differ between that commit and HEAD. Otherwise it is **stale**, and the check accepts it only when
-``results/stale.json`` marks it: the mark records the commits it covers and why the table was not
-rerun, so rows added later from another commit are judged again. A CSV without a ``commit`` column
-is stale unless marked ("no commit recorded"); ``<name>_curves.csv`` is covered by ``<name>.csv``.
+is **fresh** when each commit it names is an ancestor of HEAD and every file its runs use has, in
+this checkout (the working tree, so that a page regenerated before a commit already tells the truth
+after it), the content it had at that commit. Otherwise it is **stale**, and the check accepts it
+only while a mark in ``results/stale.json`` covers it. A mark is one of two kinds:
 
-The files a run uses (a conservative rule, not a trace): ``train.py``, the task's
-``configs/<task>.yaml`` (``CONFIG_OF`` where the CSV's runs used a config of another name, else the
-longest config name within the CSV's name; every config when none matches) and every file under ``vispe/`` except the packages a training run never imports,
-``EXCLUDED`` (analysis, probes, report, export, and the sweep launcher, which only starts train.py
-and whose overrides the CSV records). tests/test_results_fresh.py checks that importing the rest of
-vispe loads none of them. A commit that this repository does not have (history rewritten when it
-landed, see results/compare/README.md) or that is not an ancestor of HEAD is stale: the code cannot
-be compared. Only committed code counts (HEAD, not uncommitted edits of the checkout).
+* **evidence** (``--remark``, or ``--mark`` with ``--evidence``): records, when it is made, the git
+  blob hash of each file the runs import (the set a traced smoke run imported, or the conservative
+  set below) and the evidence (smoke runs equal to the last bit, by a command). It **expires** as
+  soon as any of those files changes: the check then fails, naming the file, until the rows are
+  rerun or re-marked. A file newly imported can only come in through an edit of a file already
+  imported, so the recorded set cannot miss a change silently.
+* **record** (``--mark --record``): the rows are kept as the record of the commit they ran at (an
+  old grid that a newer table is compared against); pages say so and quote them as that, not as
+  today's. Records never expire.
+
+A CSV without a ``commit`` column is stale unless marked ("no commit recorded"); ``<name>_curves.csv``
+is covered by ``<name>.csv``. The files a run uses for the fresh test (a conservative rule, not a trace):
+``train.py``, the task's ``configs/<task>.yaml`` (``CONFIG_OF`` where the CSV's runs used a config of
+another name, else the longest config name within the CSV's name; every config when none matches)
+and every file under ``vispe/`` except ``EXCLUDED`` (packages a training run never imports:
+tests/test_results_fresh.py checks it).
 """
 from __future__ import annotations
 
+import datetime
+import hashlib
 import json
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -37,41 +46,89 @@ CONFIG_OF = {"shapes_detr": "shapes_detr_table3", "shapes_detr_queries": "shapes
              "shapes_detr_init": "shapes_detr_table3", "shapes_detr_init_1thread": "shapes_detr_table3"}
 
 
+NO_HASHES = "(the mark holds no file hashes: made before issue 53, it cannot tell what changed since)"
+
+
 @dataclass
 class Verdict:
     csv: str  # path relative to the repository root
     commits: list[str]
     stale: dict[str, str]  # commit (or "-") -> why it is stale
-    mark: str | None  # the recorded reason, when a mark covers every stale commit
+    mark: str | None  # the recorded reason, when a valid mark covers every stale commit
+    expired: list[str] = field(default_factory=list)  # files changed since the mark covering it was made
+    record: bool = False  # the mark keeps the rows as the record of their commit
+    evidence: str = ""  # the mark's evidence
 
     @property
     def state(self) -> str:
-        return "fresh" if not self.stale else ("stale, marked" if self.mark else "STALE, NOT MARKED")
+        if not self.stale:
+            return "fresh"
+        if self.record:
+            return "record"
+        if self.mark:
+            return "stale, marked"
+        return "STALE, MARK EXPIRED" if self.expired else "STALE, NOT MARKED"
+
+    @property
+    def ok(self) -> bool:
+        return not self.state.startswith("STALE")
 
 
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
 
 
-def run_files(root: Path, csv: Path) -> list[str]:
-    """Git pathspecs of the files the runs of ``csv`` use (see the module docstring)."""
+def blob(data: bytes) -> str:
+    """git's blob hash of ``data`` (``git hash-object``): equal to the hash at a commit iff the content is."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def file_hash(root: Path, rel: str) -> str:
+    f = root / rel
+    return blob(f.read_bytes()) if f.is_file() else "deleted"
+
+
+def _config(root: Path, csv: Path) -> str:
     configs = sorted(p.stem for p in (root / "configs").glob("*.yaml"))
     match = [CONFIG_OF[csv.stem]] if csv.stem in CONFIG_OF else [c for c in configs if c in csv.stem]
-    cfg = [f"configs/{max(match, key=len)}.yaml"] if match else ["configs"]
-    return ["train.py", *cfg, "vispe", *(f":(exclude){e}" for e in EXCLUDED)]
+    return f"configs/{max(match, key=len)}.yaml" if match else "configs"
 
 
-def commit_state(root: Path, commit: str, files: list[str]) -> str | None:
-    """None when ``commit`` is fresh for ``files``, else why not."""
+def run_files(root: Path, csv: Path) -> list[str]:
+    """The paths (files or folders) whose files the runs of ``csv`` use (see the module docstring)."""
+    return ["train.py", _config(root, csv), "vispe"]
+
+
+def _used(path: str) -> bool:
+    return not any(path == e or path.startswith(e + "/") for e in EXCLUDED) and "__pycache__" not in path
+
+
+def tree_files(root: Path, csv: Path) -> dict[str, str]:
+    """The run files of ``csv`` in this checkout (tracked or new, not ignored) -> blob hash."""
+    out = _git(root, "ls-files", "--cached", "--others", "--exclude-standard", "--", *run_files(root, csv))
+    return {p: file_hash(root, p) for p in sorted(set(out.stdout.split())) if _used(p) and (root / p).is_file()}
+
+
+def commit_files(root: Path, commit: str, csv: Path) -> dict[str, str]:
+    out = _git(root, "ls-tree", "-r", commit, "--", *run_files(root, csv))
+    if out.returncode != 0:
+        raise RuntimeError(f"git ls-tree failed: {out.stderr.strip()}")
+    rows = (line.split(None, 3) for line in out.stdout.splitlines())
+    return {r[3]: r[2] for r in rows if len(r) == 4 and _used(r[3])}
+
+
+def changed(then: dict[str, str], now: dict[str, str]) -> list[str]:
+    return sorted(p for p in then.keys() | now.keys() if then.get(p) != now.get(p))
+
+
+def commit_state(root: Path, commit: str, csv: Path, now: dict[str, str]) -> str | None:
+    """None when ``commit`` is fresh (its run files equal ``now``'s), else why not."""
     if _git(root, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}").returncode != 0:
         return "not in this repository's history"
     if _git(root, "merge-base", "--is-ancestor", commit, "HEAD").returncode != 0:
         return "not an ancestor of HEAD"
-    diff = _git(root, "diff", "--name-only", commit, "HEAD", "--", *files)
-    if diff.returncode != 0:
-        raise RuntimeError(f"git diff failed: {diff.stderr.strip()}")
-    changed = diff.stdout.split()
-    return None if not changed else f"{len(changed)} file(s) changed since, e.g. {', '.join(changed[:3])}"
+    diff = changed(commit_files(root, commit, csv), now)
+    return None if not diff else f"{len(diff)} file(s) changed since: {', '.join(diff[:4])}" + (" ..." if len(diff) > 4 else "")
 
 
 def load_marks(root: Path) -> dict:
@@ -87,17 +144,32 @@ def csv_commits(csv: Path) -> list[str] | None:
     return list(dict.fromkeys(pd.read_csv(csv, usecols=["commit"])["commit"].dropna().astype(str)))
 
 
+def expired_files(root: Path, entry: dict) -> list[str]:
+    """The files recorded by a mark whose content changed since (empty: the mark holds)."""
+    if entry.get("record"):
+        return []
+    files = entry.get("files")
+    if not files:
+        return [NO_HASHES]
+    return sorted(p for p, h in files.items() if file_hash(root, p) != h)
+
+
 def judge(root: Path, csv: Path, marks: dict) -> Verdict:
     rel = csv.relative_to(root).as_posix()
     commits = csv_commits(csv)
     if commits is None:
         stale = {"-": "no commit recorded"}
     else:
-        files = run_files(root, csv)
-        stale = {c: s for c in commits if (s := commit_state(root, c, files))}
-    mark = marks.get(rel)
-    covered = mark is not None and set(stale) <= set(mark.get("commits", [])) | ({"-"} if commits is None else set())
-    return Verdict(rel, commits or [], stale, mark["reason"] if covered and stale else None)
+        now = tree_files(root, csv)
+        stale = {c: s for c in commits if (s := commit_state(root, c, csv, now))}
+    entry = marks.get(rel)
+    covers = entry is not None and bool(stale) and set(stale) <= set(entry.get("commits", [])) | (
+        {"-"} if commits is None else set())
+    if not covers:
+        return Verdict(rel, commits or [], stale, None)
+    expired = expired_files(root, entry)
+    return Verdict(rel, commits or [], stale, None if expired else entry["reason"], expired,
+                   bool(entry.get("record")), entry.get("evidence", ""))
 
 
 def tables(root: Path) -> list[Path]:
@@ -115,15 +187,34 @@ def check(root: Path = ROOT) -> list[Verdict]:
     return [judge(root, f, marks) for f in tables(root)]
 
 
-def mark(csv: str, reason: str, root: Path = ROOT) -> dict:
-    """Record in results/stale.json that ``csv``'s current commits are known stale, and why."""
-    if not reason.strip():
-        raise ValueError(f"reason={reason!r}: expected a sentence saying why the table was not rerun")
+def _csv_path(csv: str, root: Path) -> Path:
     path = (root / csv).resolve() if not Path(csv).is_absolute() else Path(csv)
     if not path.is_file() or path.suffix != ".csv":
         raise ValueError(f"csv={csv!r}: expected an existing .csv file under results/")
+    return path
+
+
+def mark(csv: str, reason: str, root: Path = ROOT, *, evidence: str = "", record: bool = False,
+         files: dict[str, str] | None = None, extra: dict | None = None) -> dict:
+    """Record in results/stale.json why ``csv``'s current commits are not rerun. An evidence mark stores
+    the hashes of ``files`` (default: every run file of the CSV, in this checkout) and expires when one
+    changes; a record mark (``record=True``) keeps the rows as the record of their commits."""
+    if not reason.strip():
+        raise ValueError(f"reason={reason!r}: expected a sentence saying why the table was not rerun")
+    if not record and not evidence.strip():
+        raise ValueError(f"evidence={evidence!r}: expected what shows the rows still hold (e.g. smoke runs "
+                         "equal to the last bit, and the command), or record=True for a record of old code")
+    path = _csv_path(csv, root)
+    head = _git(root, "rev-parse", "HEAD").stdout.strip()
+    entry: dict = {"commits": csv_commits(path) or [], "reason": " ".join(reason.split())}
+    if record:
+        entry["record"] = True
+    else:
+        entry.update(evidence=" ".join(evidence.split()), at=head,
+                     date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                     files=dict(sorted((files if files is not None else tree_files(root, path)).items())))
+    entry.update(extra or {})
     marks = load_marks(root)
-    entry = {"commits": csv_commits(path) or [], "reason": reason.strip()}
     marks[path.relative_to(root).as_posix()] = entry
     (root / MARKS).write_text(json.dumps(dict(sorted(marks.items())), indent=1) + "\n")
     return entry
@@ -150,22 +241,42 @@ def effort(csv: Path) -> str:
     return f"{len(per_run)} {noun}{'s' * (len(per_run) != 1)}, {per_run.sum() / 3600:.1f} h {what}"
 
 
+def explain(v: Verdict) -> str:
+    """One sentence: why ``v`` is in its state (for the pages and the check's output)."""
+    if v.state == "fresh":
+        return "every file its runs use is as it was at the CSV's commit(s)"
+    if v.state == "record":
+        return f"kept as the record of {', '.join(c[:7] for c in v.commits) or 'its commit'}, not as today's code: {v.mark}"
+    if v.state == "stale, marked":
+        return f"{v.mark} Evidence: {v.evidence}"
+    if v.expired and v.expired != [NO_HASHES]:
+        return "code changed since the mark's evidence: " + ", ".join(v.expired)
+    return "code changed since these runs: " + "; ".join(f"{c[:7]}: {s}" for c, s in v.stale.items())
+
+
+def status_line(v: Verdict) -> str:
+    """The line a results page prints above the tables of ``v``'s CSV."""
+    name = f"`{v.csv.removeprefix('results/compare/')}`"
+    head = {"fresh": "fresh", "record": "a record of old code", "stale, marked": "marked (not rerun, with evidence)"}
+    return f"**Status of {name}** (written by `update.py`): " + (
+        f"{head[v.state]}: {explain(v)}" if v.ok else f"**STALE**: {explain(v).rstrip('.')}.")
+
+
 def markdown(verdicts: list[Verdict], root: Path = ROOT) -> str:
     """The provenance table for results/compare/README.md."""
-    lines = ["| CSV | commit(s) | runs, summed time | state | why not rerun / what changed |",
+    lines = ["| CSV | commit(s) | runs, summed time | state | why not rerun, evidence / what changed |",
              "|---|---|---|---|---|"]
     for v in verdicts:
-        why = v.mark or "; ".join(f"{c[:7]}: {s}" for c, s in v.stale.items()) or "-"
         lines.append(f"| `{v.csv}` | {', '.join(c[:7] for c in v.commits) or '-'} | {effort(root / v.csv)} | "
-                     f"{v.state} | {why} |")
+                     f"{v.state} | {explain(v)} |")
     return "\n".join(lines)
 
 
 def report(verdicts: list[Verdict]) -> tuple[str, int]:
-    bad = [v for v in verdicts if v.stale and not v.mark]
-    text = "\n".join(f"{v.state:18s} {v.csv}" + (f"  ({'; '.join(v.stale.values())})" if v.stale else "")
+    bad = [v for v in verdicts if not v.ok]
+    text = "\n".join(f"{v.state:19s} {v.csv}" + ("" if v.ok else f"  ({explain(v)})")
                      for v in verdicts)
     if bad:
-        text += (f"\n{len(bad)} stale CSV(s) not marked: rerun them, or mark them with\n"
-                 "  python results/compare/update.py --mark <csv> --reason '<why not rerun>'")
+        text += (f"\n{len(bad)} stale CSV(s): rerun them, or re-mark them with new evidence:\n"
+                 "  python results/compare/update.py --remark <csv name>   (smoke runs, results/compare/remark.py)")
     return text, int(bool(bad))

@@ -39,12 +39,26 @@ def snapshot(sha: str) -> Path:
     return out
 
 
-def numbers(tree: Path, config: str, pe: str, overrides: list[str], out: Path) -> dict:
-    cmd = [sys.executable, str(tree / "train.py"), "--config", str(tree / config), "--smoke", f"model.pe={pe}",
-           "train.threads=1", "train.compare=[]", "train.progress=false", f"train.out_dir={out}", "train.run_name=r",
-           *overrides]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tree)}
-    subprocess.run(cmd, check=True, cwd=tree, env=env, capture_output=True)
+#: runs a script as ``__main__`` and, at exit, writes the files of every module it imported to $VISPE_IMPORTS
+TRACE = ("import atexit, json, os, runpy, sys\n"
+         "def _dump():\n"
+         "    files = sorted({str(getattr(m, '__file__', None)) for m in list(sys.modules.values())} - {'None'})\n"
+         "    open(os.environ['VISPE_IMPORTS'], 'w').write(json.dumps(files))\n"
+         "atexit.register(_dump)\n"
+         "sys.argv = sys.argv[1:]\n"
+         "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+
+
+def numbers(tree: Path, config: str, pe: str, overrides: list[str], out: Path, imports: Path | None = None) -> dict:
+    """The smoke run's numbers; with ``imports``, the files of the modules it imported are written there."""
+    script = [str(tree / "train.py"), "--config", str(tree / config), "--smoke", f"model.pe={pe}",
+              "train.threads=1", "train.compare=[]", "train.progress=false", f"train.out_dir={out}", "train.run_name=r",
+              *overrides]
+    cmd = [sys.executable, *(["-c", TRACE] if imports else []), *script]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tree), **({"VISPE_IMPORTS": str(imports)} if imports else {})}
+    done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"smoke run failed ({' '.join(script[:4])} ... {pe}): {done.stderr[-1500:]}")
     s = json.loads((out / "r" / pe / "summary.json").read_text())
     return {"steps": s["steps"], "final": _numbers(s["final"]), "eval": _numbers(s.get("eval") or {})}
 

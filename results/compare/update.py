@@ -281,13 +281,41 @@ BLOCKS = {**{f"main:{t}": (lambda t=t: main_table(t)) for t in TASKS},
           "provenance": lambda: freshness.markdown(freshness.check())}
 
 
-def fill(md: Path) -> None:
-    text = md.read_text()
+STATUS = re.compile(r"(<!-- BEGIN freshness:([\w.-]+) -->\n)(?:.*?\n)?(<!-- END freshness:\2 -->)", re.S)
+
+
+def status_block(name: str) -> str:
+    """The status of ``data/<name>.csv`` (or ``results/<name>.csv``), for the page that shows its rows."""
+    root = HERE.parents[1]
+    csv = next((p for p in (HERE / "data" / f"{name}.csv", root / "results" / f"{name}.csv") if p.is_file()), None)
+    if csv is None:
+        raise ValueError(f"freshness block {name!r}: no CSV data/{name}.csv or results/{name}.csv")
+    return freshness.status_line(freshness.judge(root, csv, freshness.load_marks(root)))
+
+
+def render(text: str) -> str:
+    """``text`` with every block this script writes regenerated from the committed CSVs and marks."""
     for name, fn in BLOCKS.items():
         pat = re.compile(rf"(<!-- BEGIN {re.escape(name)} -->\n)(?:.*?\n)?(<!-- END {re.escape(name)} -->)", re.S)
         if pat.search(text):
             text = pat.sub(lambda m: m.group(1) + fn() + "\n" + m.group(2), text)
-    md.write_text(text)
+    return STATUS.sub(lambda m: m.group(1) + status_block(m.group(2)) + "\n" + m.group(3), text)
+
+
+PAGES = ("results/compare/*.md", "results/*.md", "docs/results.md", "README.md")
+
+
+def pages() -> list[Path]:
+    """Every page whose blocks this script writes."""
+    root = HERE.parents[1]
+    return sorted({p for g in PAGES for p in root.glob(g)})
+
+
+def fill(md: Path) -> None:
+    text = md.read_text()
+    new = render(text)
+    if new != text:
+        md.write_text(new)
 
 
 def main(argv=None) -> int:
@@ -296,16 +324,29 @@ def main(argv=None) -> int:
     p.add_argument("--today", default=str(HERE.parents[1] / "runs" / "sweeps_today"),
                    help="sweeps rerun at today's code: merged into data/<task>_today.csv, beside the old table")
     p.add_argument("--check", action="store_true",
-                   help="exit 1 when a results CSV names a commit whose run files differ from HEAD and is not marked")
-    p.add_argument("--mark", metavar="CSV", help="mark CSV as known stale (its current commits) in results/stale.json")
+                   help="exit 1 when a results CSV is stale (code changed since its runs) and unmarked, or its mark expired")
+    p.add_argument("--mark", metavar="CSV", help="mark CSV in results/stale.json: --reason and --evidence, or --record")
     p.add_argument("--reason", default="", help="with --mark: why the table was not rerun")
+    p.add_argument("--evidence", default="", help="with --mark: what shows the rows still hold at this checkout")
+    p.add_argument("--record", action="store_true", help="with --mark: keep the rows as the record of their commit")
+    p.add_argument("--remark", metavar="NAME", help="re-mark data/NAME.csv from its smoke runs (remark.py)")
+    p.add_argument("--against", default=None, help="with --remark: the commit to compare against")
+    p.add_argument("--pages", action="store_true", help="only rewrite the pages' blocks (no sweep folders read)")
     args = p.parse_args(argv)
     if args.check:
         text, rc = freshness.report(freshness.check())
         print(text)
         return rc
     if args.mark:
-        print(freshness.mark(args.mark, args.reason))
+        print(freshness.mark(args.mark, args.reason, evidence=args.evidence, record=args.record))
+        return 0
+    if args.remark:
+        import remark  # noqa: PLC0415  (beside this file; runs training, so only loaded here)
+
+        return remark.remark(args.remark, args.against)
+    if args.pages:
+        for md in pages():
+            fill(md)
         return 0
     (HERE / "data").mkdir(exist_ok=True)
     (HERE / "figures").mkdir(exist_ok=True)
@@ -327,7 +368,7 @@ def main(argv=None) -> int:
             fig = report.plot_vs_size(summ, str(df["metric"].iloc[0]))
             fig.savefig(HERE / "figures" / f"{task}_vs_size.png", dpi=110)
             plt.close(fig)
-    for md in sorted(HERE.glob("*.md")):
+    for md in pages():
         fill(md)
     return 0
 

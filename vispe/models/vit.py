@@ -15,6 +15,7 @@ Imports go one way: this module imports ``_vit_model``, ``deit``, ``eva``, ``naf
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from vispe.models.naflex import convert_naflex
 from vispe.models.towers import converter_for, convertible
 
 #: timm modules whose models convert (entry point module -> what it builds)
+_LOG = logging.getLogger(__name__)
 CONVERTIBLE = ("vision_transformer", "deit", "eva", "naflexvit")
 #: what create_vit / convert_vit return: a VispeViT (DeiT: its subclass), or a VispeEva for the Eva family
 VispeModel = VispeViT | VispeEva
@@ -106,7 +108,9 @@ def create_vit(name: str = "vit_cifar", *, pe: str | None = None, img_size: int 
                **timm_kwargs: Any) -> VispeModel:
     """A ViT with encoding ``pe``: ``name`` is a vispe preset (``PRESETS``) or a timm model name.
 
-    Presets: ``pe`` defaults to "learned_abs", ``img_size`` 32, ``patch_size`` 4, ``num_classes`` 10.
+    Without ``pe``, a preset gets ``pe="learned_abs"`` (said once in the log, logger ``vispe.models.vit``
+    at INFO); a timm name keeps the model's own encoding.
+    Presets: ``img_size`` 32, ``patch_size`` 4, ``num_classes`` 10 by default.
     A timm name (VisionTransformer, DeiT's distilled ViT, the Eva family) is built by timm with
     its own defaults for what is not given, then converted (``convert_vit``; ``pe=None`` keeps the
     model's own encoding). ``pretrained=True`` loads timm's pretrained weights (timm's source: the
@@ -140,6 +144,8 @@ def create_vit(name: str = "vit_cifar", *, pe: str | None = None, img_size: int 
     dim, heads = args.get("embed_dim", 768), args.get("num_heads", 12)
     if dim % heads:
         raise ValueError(f"embed_dim={dim}: expected a multiple of num_heads={heads}")
+    if pe is None:
+        _LOG.info("create_vit(%r): no pe given, the preset's default pe='learned_abs' (a learned absolute table)", name)
     return VispeViT(pe=pe or "learned_abs", pe_kwargs=pe_kwargs, pe_at=pe_at, peg_blocks=peg_blocks, **args)
 
 

@@ -8,7 +8,10 @@
 True = padding, targets)`` from ``vispe.data.detection.collate_detection``; the loss is DETR's
 ``SetCriterion``; evaluation runs the criterion (test loss) and gathers every prediction as COCO
 result records (from every process), then ``vispe.data.coco_eval.coco_evaluate`` gives AP, AP50,
-AP75, APs, APm, APl on exactly the images evaluated. ``primary`` is AP. After each evaluation a
+AP75, APs, APm, APl on exactly the images evaluated. ``primary`` is AP. COCOeval's -1 ("no object
+of this size among the images evaluated", e.g. APl on the 64-96 px shapes set) is not a score: such a
+metric is left out of the results (empty in ``metrics.csv``, no point in ``curves.png``), said once
+per process (``absent_sizes``). After each evaluation a
 picture of true boxes (green, class names) and predictions (red, class and score; the top 3 in
 orange when none reaches ``task.vis_score``) on the first ``task.vis_images`` validation images,
 magnified 4x with a legend, is written to ``predictions/epoch_NNN.png`` in the run folder
@@ -187,7 +190,7 @@ class DetectionTask:
             sums.setdefault(k, torch.zeros((), dtype=torch.float64, device=device))
         metrics = self.metrics(all_reduce_sums(sums))
         results, image_ids = _gather(results), _gather(image_ids)
-        return {**metrics, **coco_evaluate(coco, results, img_ids=sorted(set(image_ids)))}
+        return {**metrics, **absent_sizes(coco_evaluate(coco, results, img_ids=sorted(set(image_ids))))}
 
     @torch.no_grad()
     def visualize(self, model, dataset, path: str | Path, device) -> None:
@@ -197,6 +200,20 @@ class DetectionTask:
         if self.cfg.vis_images:
             draw_predictions(model, dataset, path, device=device, collate_fn=self.collate_fn, info=self.info_,
                              n=self.cfg.vis_images, score=self.cfg.vis_score)
+
+
+_SAID: set[str] = set()
+
+
+def absent_sizes(scores: dict[str, float], say=print) -> dict[str, float]:
+    """``scores`` without COCOeval's -1 entries (no ground truth of that size: the metric is undefined,
+    not -1), saying once per process which were left out and why."""
+    absent = sorted(k for k, v in scores.items() if v == -1.0)
+    if absent and not set(absent) <= _SAID:
+        _SAID.update(absent)
+        say(f"COCO {', '.join(absent)}: no object of that size among the evaluated images (COCOeval's -1); "
+            "left out of the logs, metrics.csv and curves.png rather than logged as a score")
+    return {k: v for k, v in scores.items() if k not in absent}
 
 
 def _check_backbone_weights(cfg: DictConfig) -> None:

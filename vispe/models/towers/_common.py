@@ -22,6 +22,7 @@ whose original adds a learned table next to its RoPE (Llama 4, Qwen3-VL) holds i
 from __future__ import annotations
 
 import copy
+import inspect
 
 import torch
 from torch import nn
@@ -44,6 +45,12 @@ def check_inv_freq(rope: nn.Module, name: str, want: torch.Tensor, head_dim: int
         raise ValueError(f"{name}.attention_scaling={rope.attention_scaling}: expected 1 (cos/sin unscaled)")
     if head_dim % 4:
         raise ValueError(f"head_dim={head_dim}: expected a multiple of 4 (2D RoPE splits the pairs between h and w)")
+
+
+def needs_grid(pe: str) -> bool:
+    """Whether encoding ``pe`` cannot be built without a ``grid`` (a learned table's size)."""
+    p = inspect.signature(get(pe)).parameters.get("grid")
+    return p is not None and p.default is inspect.Parameter.empty
 
 
 class TowerBlock(nn.Module):
@@ -165,6 +172,9 @@ class Tower(nn.Module):
             if not isinstance(i, int) or not 0 <= i < len(self.blocks):
                 raise ValueError(f"peg_blocks={peg_blocks!r}: expected block indices in [0, {len(self.blocks)})")
         attn = self.blocks[0].attn
+        if self.pe_grid is None and "grid" not in pe_kwargs and needs_grid(pe):
+            raise ValueError(f"pe={pe!r} needs the grid its table is made for, and this {type(self).__name__}'s config "
+                             "names none (it takes images of any size): pass pe_kwargs={'grid': (h, w)}, in patches")
         context = dict(dim=attn.qkv.in_features, num_heads=attn.num_heads, head_dim=attn.head_dim,
                        grid=self.pe_grid, num_prefix_tokens=self.num_prefix_tokens)
         if family == "additive" and not get(pe).learned_prefix:
@@ -180,6 +190,12 @@ class Tower(nn.Module):
                 blk.attn.set_pe(build_in(pe, context, **pe_kwargs).to(device=ref.device, dtype=ref.dtype))
         elif pe_kwargs:
             raise ValueError(f"pe_kwargs={pe_kwargs!r}: the encoding {pe!r} takes no settings")
+
+    @property
+    def encoding(self):
+        """The tower's encoding whatever its family: ``pe`` (additive, conditional) or the first block's
+        ``attn.pe`` (rotary, bias: one per block); None for ``pe="none"``."""
+        return self.pe if self.pe is not None else self.blocks[0].attn.pe
 
     def no_weight_decay(self) -> set[str]:
         """Every parameter of the encodings (tables, frequencies, prefix vectors)."""
