@@ -198,3 +198,25 @@ def test_liere_in_eval_without_gradients_keeps_its_cached_blocks():
     assert pe.factors(GRID, None, torch.device("cpu")) is not None  # gradients possible: rebuilt in backward
     with torch.no_grad():
         assert pe.factors(GRID, None, torch.device("cpu")) is None
+
+
+@pytest.mark.parametrize("pe", ["comrope", "string"])
+def test_a_training_step_under_bfloat16_autocast_runs_the_factored_kernels_in_float32(pe):
+    """The factored kernels' own autograd functions compute in float32 whatever autocast says: under
+    bf16 autocast ComRoPE's backward mixed a float32 gradient with bf16 Schur coordinates and failed
+    (found by ``bench/gpu_check.py --dry-run``); the gradients are finite and close to float32's."""
+    from vispe.models.vit import create_vit
+
+    torch.manual_seed(0)
+    m = create_vit("vit_pico", pe=pe, embed_dim=32, depth=1, num_heads=2, img_size=(12, 16), patch_size=4,
+                   num_classes=3)
+    x = torch.randn(2, 3, 12, 16)
+    grads = []
+    for amp in (False, True):
+        m.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            loss = m(x).float().square().mean()
+        loss.backward()
+        grads.append(torch.cat([p.grad.flatten() for n, p in m.named_parameters() if ".attn.pe." in n]))
+    assert torch.isfinite(grads[1]).all() and grads[0].abs().max() > 0
+    torch.testing.assert_close(grads[1], grads[0], rtol=0.1, atol=0.1 * float(grads[0].abs().max()))

@@ -163,12 +163,12 @@ class _SharedProduct(torch.autograd.Function):
     which the attention keeps anyway) for P's gradient, not a permuted copy."""
 
     @staticmethod
-    def forward(ctx, x, P):
+    def _forward(ctx, x, P):
         ctx.save_for_backward(x, P)
         return apply_blocks(x, P[:, None], "interleaved")
 
     @staticmethod
-    def backward(ctx, g):
+    def _backward(ctx, g):
         x, P = ctx.saved_tensors
         gx = apply_blocks(g, P.transpose(-1, -2)[:, None], "interleaved") if ctx.needs_input_grad[0] else None
         gP = None
@@ -178,6 +178,16 @@ class _SharedProduct(torch.autograd.Function):
                               x.to(P.dtype).unflatten(-1, (nb, b)))  # (H, nb, b, b)
             gP = gP.sum(0, keepdim=True) if P.shape[0] == 1 else gP
         return gx, gP
+
+    @staticmethod
+    def forward(ctx, x, P):  # float32 math whatever autocast says (forward and backward alike)
+        with float32_math(x.device):
+            return _SharedProduct._forward(ctx, x, P)
+
+    @staticmethod
+    def backward(ctx, g):
+        with float32_math(g.device):
+            return _SharedProduct._backward(ctx, g)
 
 
 def shared_product(x: torch.Tensor, P: torch.Tensor) -> torch.Tensor:

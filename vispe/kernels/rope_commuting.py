@@ -33,6 +33,7 @@ import math
 
 import torch
 
+from vispe.coords import float32_math
 from vispe.lie import SCHUR_TOL, block_channels, skew_schur
 
 __all__ = ["SCHUR_TOL", "commuting_rotate", "dense_basis", "skew_schur"]
@@ -113,7 +114,7 @@ class _CommutingRotate(torch.autograd.Function):
     (Bt, H, P+N, nb) per token (``ty`` None). ``M``: ``dense_basis`` of Q."""
 
     @staticmethod
-    def forward(ctx, x, t, ty, tx, B, Q, w, layout, P):
+    def _forward(ctx, x, t, ty, tx, B, Q, w, layout, P):
         wd = torch.float64 if x.dtype == torch.float64 else torch.float32
         Qw, ww = Q.to(wd), w.to(wd)
         Mw = dense_basis(Qw, x.shape[-1], layout)
@@ -133,7 +134,7 @@ class _CommutingRotate(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, g):
+    def _backward(ctx, g):
         xh, t, ty, tx, M, Q, w = ctx.saved_tensors
         wd, P = M.dtype, ctx.P
         nb, half = w.shape[-2], w.shape[-1]
@@ -178,6 +179,16 @@ class _CommutingRotate(torch.autograd.Function):
                 dBh = _points_adjoint(Ey, ty6, w) + _points_adjoint(Ex, tx6, w)
             gB = (Q @ dBh @ Q.transpose(-1, -2)).to(ctx.B_dtype)  # (H, nb, b, b)
         return gx, gt, gty, gtx, gB, None, None, None, None
+
+    @staticmethod
+    def forward(ctx, x, t, ty, tx, B, Q, w, layout, P):  # float32 math whatever autocast says (forward and backward alike)
+        with float32_math(x.device):
+            return _CommutingRotate._forward(ctx, x, t, ty, tx, B, Q, w, layout, P)
+
+    @staticmethod
+    def backward(ctx, g):
+        with float32_math(g.device):
+            return _CommutingRotate._backward(ctx, g)
 
 
 def commuting_rotate(x: torch.Tensor, t: torch.Tensor | None, B: torch.Tensor, layout: str = "interleaved",
