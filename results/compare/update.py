@@ -30,6 +30,7 @@ from vispe import report  # noqa: E402
 from vispe.sweep.collect import merge_tables  # noqa: E402
 
 import freshness  # noqa: E402  (results/compare/freshness.py, beside this file)
+import prose_detr  # noqa: E402  (beside this file: detr_table3.md's figures in prose)
 from current import TASKS, load, main_table, peg_table, resolution_table, status_table  # noqa: E402  (beside this file)
 from tables_padding import leakage_table1, leakage_table4, redgreen_table  # noqa: E402  (beside this file)
 import constant_offset  # noqa: E402  (beside this file: the constant-offset measurement, seconds)
@@ -144,8 +145,6 @@ QUERY_ROWS = [  # (design, group label in shapes_detr_queries' report, published
     ("Conditional DETR (sine)", "sine [decoder=conditional]", "R50 50 ep: 40.9 (DETR 50 ep: 34.8)"),
     ("DAB-DETR (sine, w/h-modulated)", "sine [decoder=dab, temperature=20.0]", "R50 50 ep: 42.2"),
     ("DAB-DETR + BoxRPB", "sine [decoder=dab, temperature=20.0, box_bias=boxrpb]", "Plain-DETR, Swin-v2-S 12 ep: 37.2 -> 46.1 with BoxRPB"),
-    ("DAB-DETR, rope_axial cross-attention (new)", "sine [decoder=dab, temperature=20.0, dec_pe=rope_axial]", "-"),
-    ("DAB-DETR, rope_mixed cross-attention (new)", "sine [decoder=dab, temperature=20.0, dec_pe=rope_mixed]", "-"),
 ]
 
 
@@ -278,7 +277,9 @@ BLOCKS = {**{f"main:{t}": (lambda t=t: main_table(t)) for t in TASKS},
           "peg": peg_table, "status": status_table, "detr": detr_table, "detr_queries": queries_table, "detr_init": init_relation_table, "detr_deformable": deformable_table, "relbias_init": relbias_init_table, "redgreen": redgreen_table, "islam_table1": leakage_table1,
           "islam_table4": leakage_table4, "constant_offset": constant_offset.markdown,
           **{f"spread:{f.__name__}": f for f in (spread.seed_spread, spread.reruns, spread.machines)},
-          "provenance": lambda: freshness.markdown(freshness.check())}
+          "provenance": lambda: freshness.markdown(freshness.check()),
+          "detr_table3_runtime": prose_detr.table3_runtime, "detr_queries_scale": prose_detr.queries_scale,
+          "detr_init_reading": prose_detr.init_reading}
 
 
 STATUS = re.compile(r"(<!-- BEGIN freshness:([\w.-]+) -->\n)(?:.*?\n)?(<!-- END freshness:\2 -->)", re.S)
