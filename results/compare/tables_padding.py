@@ -122,3 +122,61 @@ def leakage_table4() -> str:
             cells.append("not run" if v[0] != v[0] else f"{v[0]:.3f} / {v[1]:.3f} ({p[0]:.3f} / {p[1]:.3f})")
         lines.append(f"| {row} | {here_names[row]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+# results/padding_leakage.md's own tables (issue 53: no hand-typed figure): SPC and MAE averaged over the five
+# targets per seed (the ViTs also over their four blocks), then mean ± std over the seeds.
+INPUTS = ("natural", "constant", "noise")
+TARGETS = ("H", "V", "G", "HS", "VS")
+
+
+def _probe_rows() -> pd.DataFrame | None:
+    f = HERE.parents[1] / "results" / "padding_leakage.csv"
+    return pd.read_csv(f) if f.is_file() else None
+
+
+def _seed_cells(g: pd.DataFrame) -> list[str]:
+    """SPC then MAE, per input: mean ± std over the seeds of the per-seed mean over targets (and blocks)."""
+    cells = []
+    for col in ("spc", "mae"):
+        for inp in INPUTS:
+            s = g[g["input"] == inp].groupby("seed")[col].mean()
+            cells.append(f"{s.mean():.2f} ± {s.std():.2f}")
+    return cells
+
+
+def leakage_cnn_table() -> str:
+    df = _probe_rows()
+    if df is None:
+        return "(results/padding_leakage.csv missing)"
+    lines = ["| backbone | padding | SPC natural | SPC constant | SPC noise | MAE natural | MAE constant | MAE noise |",
+             "|---|---|---|---|---|---|---|---|"]
+    cnn = df[(df["encoding"] == "-") & (df["level"] == "all")]
+    for (backbone, padding), g in cnn.groupby(["backbone", "padding"], sort=False):
+        lines.append(f"| {backbone} | {padding} | " + " | ".join(_seed_cells(g)) + " |")
+    return "\n".join(lines)
+
+
+def leakage_targets_table() -> str:
+    df = _probe_rows()
+    if df is None:
+        return "(results/padding_leakage.csv missing)"
+    lines = ["| backbone | padding | " + " | ".join(TARGETS) + " |", "|---|---|" + "---|" * len(TARGETS)]
+    cnn = df[(df["encoding"] == "-") & (df["level"] == "all") & (df["input"] == "natural")]
+    for (backbone, padding), g in cnn.groupby(["backbone", "padding"], sort=False):
+        spc = g.groupby("target")["spc"].mean()
+        lines.append(f"| {backbone} | {padding} | " + " | ".join(f"{spc[t]:.2f}" for t in TARGETS) + " |")
+    return "\n".join(lines)
+
+
+def leakage_vit_table() -> str:
+    df = _probe_rows()
+    if df is None:
+        return "(results/padding_leakage.csv missing)"
+    lines = ["| ViT encoding | SPC natural | SPC constant | SPC noise | MAE natural | MAE constant | MAE noise |",
+             "|---|---|---|---|---|---|---|"]
+    vit = df[df["encoding"] != "-"]
+    for (encoding, padding), g in vit.groupby(["encoding", "padding"], sort=False):
+        name = encoding if padding == "-" else f"{encoding}, {padding} padding"
+        lines.append(f"| {name} | " + " | ".join(_seed_cells(g)) + " |")
+    return "\n".join(lines)

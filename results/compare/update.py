@@ -35,6 +35,7 @@ from current import TASKS, load, main_table, peg_table, resolution_table, status
 from tables_padding import leakage_table1, leakage_table4, redgreen_table  # noqa: E402  (beside this file)
 import constant_offset  # noqa: E402  (beside this file: the constant-offset measurement, seconds)
 import spread  # noqa: E402  (beside this file: the seeds' and machines' spread, reproducibility.md)
+import tables_padding  # noqa: E402  (beside this file)
 
 SWEEPS = TASKS + ("shapes_detr", "shapes_detr_queries", "shapes_detr_init", "shapes_detr_init_1thread",
                   "shapes_deformable_detr", "relbias_init_vit",
@@ -280,6 +281,8 @@ BLOCKS = {**{f"main:{t}": (lambda t=t: main_table(t)) for t in TASKS},
           "provenance": lambda: freshness.markdown(freshness.check()),
           "detr_table3_runtime": prose_detr.table3_runtime, "detr_queries_scale": prose_detr.queries_scale,
           "detr_init_reading": prose_detr.init_reading}
+BLOCKS.update({"leakage_cnn": tables_padding.leakage_cnn_table, "leakage_targets": tables_padding.leakage_targets_table,
+               "leakage_vit": tables_padding.leakage_vit_table})  # results/padding_leakage.md's tables (issue 53)
 
 
 STATUS = re.compile(r"(<!-- BEGIN freshness:([\w.-]+) -->\n)(?:.*?\n)?(<!-- END freshness:\2 -->)", re.S)
