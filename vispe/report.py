@@ -4,8 +4,8 @@
 
 reads (and rewrites) ``results.csv`` (vispe.sweep.collect) and writes into the sweep folder:
 ``report.md`` (tables of the primary metric at the training size and at every evaluation size, with
-parameters, step time, peak memory, seeds finished, what is missing, and the commands from
-``sweep.json``), ``metric_vs_size.png`` (metric against evaluation size, error bars = std over
+parameters, step time, peak memory, seeds finished, what is missing, the commands from ``sweep.json``, and
+the rows' commit, device, threads, torch version and date), ``metric_vs_size.png`` (metric against evaluation size, error bars = std over
 seeds) and ``curves.png`` (test metric against epoch, mean over seeds). A group is one encoding
 plus any config key that takes more than one value in the sweep (e.g. ``peg [padding_mode=none]``).
 """
@@ -189,6 +189,23 @@ def mixed_device_lines(df: pd.DataFrame) -> list[str]:
     return lines
 
 
+PROVENANCE = ("commit", "device", "threads", "torch", "date")  # what every row of a results CSV records (issue 53)
+
+
+def provenance_lines(df: pd.DataFrame) -> list[str]:
+    """Where the finished runs' rows came from: each of PROVENANCE with its values (``-`` for a run that did not
+    record it, e.g. threads and date before issue 53)."""
+    fin = df[df["status"] == "finished"].drop_duplicates("run")
+    if fin.empty:
+        return []
+    cells = []
+    for col in PROVENANCE:
+        vals = fin[col] if col in fin else pd.Series(["-"] * len(fin), index=fin.index)
+        vals = vals.map(lambda v: "-" if pd.isna(v) else (str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)))
+        cells.append(f"{col} {', '.join(sorted(set(vals)))}")
+    return ["Provenance of the rows (results.csv): " + "; ".join(cells) + "."]
+
+
 def write_report(sweep_dir: str | Path) -> Path:
     """Collect, tabulate and plot a sweep folder; returns the path of report.md."""
     import matplotlib
@@ -221,6 +238,7 @@ def write_report(sweep_dir: str | Path) -> Path:
     if len(fin):
         parts.append(f"\nTraining time, all finished runs: {fin['train_time_s'].sum() / 60:.1f} min; "
                      f"wall time {fin['wall_s'].sum() / 60:.1f} min. Devices: {', '.join(sorted(set(fin['device'])))}.")
+    parts += provenance_lines(df)
     out = sweep_dir / "report.md"
     out.write_text("\n".join(parts) + "\n")
     if not summary.empty:

@@ -16,6 +16,7 @@ what the architecture alone lets through, as in the paper's randomisation experi
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -157,6 +158,15 @@ def notebook_log(message: str) -> None:
         print(message, file=sys.__stderr__, flush=True)
 
 
+def provenance() -> dict:
+    """commit, device, threads, torch and date of this process's probes: the columns every results CSV has."""
+    from vispe.sweep.provenance import cpu_model, git_commit
+
+    return {"commit": git_commit(), "device": f"{cpu_model()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads",
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d", time.gmtime()),
+            "date_from": "run"}
+
+
 def run_experiment(cfg: ExperimentConfig | None = None, out_csv=None, log=print) -> pd.DataFrame:
     """Run the sweep of ``cfg``; return (and write to ``out_csv`` if given) the tidy table. ``log``
     (None: silent) gets one line per probe, ``[k/n]`` first: how far the sweep is."""
@@ -185,6 +195,7 @@ def run_experiment(cfg: ExperimentConfig | None = None, out_csv=None, log=print)
                     log(f"[{done}/{total}] {backbone:8s} {encoding:10s} {padding:9s} {kind:8s} seed={seed} "
                         f"{seconds:5.1f}s  SPC {spc}")
     df = pd.DataFrame(rows)
+    df = df.assign(**provenance())  # every row says where it came from (issue 53)
     if out_csv is not None:
         Path(out_csv).parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(out_csv, index=False, float_format="%.4f")

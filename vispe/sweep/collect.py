@@ -6,19 +6,20 @@ column per override and per ``--vary`` key (named by the dotted key), ``task``, 
 ``metric`` (the task's primary metric, e.g. ``acc`` or ``AP``), ``train_size``, ``eval_size``,
 ``scale``, ``is_train_size``, ``value`` (the primary metric at that size), every other metric the
 task reports at that size, ``params``, ``epochs``, ``steps``, ``step_time_s`` (mean training time per
-optimiser step), ``peak_mem_mb`` and ``peak_mem_kind``, ``train_time_s``, ``wall_s``, ``device``,
-``commit``. A run that has not finished has one row with empty metrics, so a report can say what is
+optimiser step), ``peak_mem_mb`` and ``peak_mem_kind``, ``train_time_s``, ``wall_s``, ``device``, ``threads`` (torch's),
+``torch``, ``date`` (UTC day the run finished; ``date_from`` = ``run``), ``commit``. A run that has not finished has one row with empty metrics, so a report can say what is
 missing.
 """
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 POINT_FILE = "point.json"  # written by the sweep into each run folder before it runs
 RESULTS_FILE = "results.csv"
 _RUN_KEYS = ("params", "epochs", "steps", "step_time_s", "peak_mem_mb", "peak_mem_kind", "train_time_s",
-             "eval_time_s", "device", "world_size", "torch")
+             "eval_time_s", "device", "world_size", "torch", "threads", "date")
 
 
 def _read_json(path: Path) -> dict | None:
@@ -78,6 +79,10 @@ def run_rows(folder: Path) -> list[dict]:
                  "train_size": summ.get("train_img_size")})
     run = {k: summ.get(k) for k in _RUN_KEYS}
     run.update({"wall_s": top.get("runtime_s"), "commit": point.get("commit")})
+    if run["threads"] is None:  # summaries written before issue 53: the device string names them
+        m = re.search(r"(\d+) torch thread", str(run["device"]))
+        run["threads"] = int(m.group(1)) if m else None
+    run["date_from"] = "run" if run["date"] else None
     rows = []
     for size, res in sorted(summ["eval"].items(), key=lambda kv: int(kv[0])):
         extra = {k: v for k, v in res.items() if k != "scale"}

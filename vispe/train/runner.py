@@ -282,7 +282,8 @@ def run_encoding(cfg: DictConfig, task, data: Data, sub: Path, *, resume: bool, 
                "final": progress.history[-1] if progress.history else {}, "eval": results,
                "train_time_s": round(train_time, 2), "eval_time_s": round(time.time() - t0, 2),
                **step_time_and_memory(progress.history, progress.step, device),
-               "device": machine(device), "world_size": dist.world_size, "torch": torch.__version__}
+               "device": machine(device), "world_size": dist.world_size, "torch": torch.__version__,
+               "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d", time.gmtime())}
     log.summary(summary)
     log.close()
     return summary
