@@ -187,8 +187,8 @@ def on_config(config):
         if isinstance(entry, dict) and "API reference" in entry:
             entry["API reference"] = [{name: f"api/{name}.md"} for name in api_modules()]
         if isinstance(entry, dict) and "Results" in entry:
-            entry["Results"] = entry["Results"] + [
-                {_title(p): p} for p in _mounted_pages() if p not in _nav_paths(entry["Results"])]
+            listed = _nav_paths(entry["Results"])
+            entry["Results"] = entry["Results"] + results_nav([p for p in _mounted_pages() if p not in listed])
     return config
 
 
@@ -200,12 +200,78 @@ def _nav_paths(items) -> set[str]:
     return out
 
 
+# ------------------------------------------------------------------ the Results navigation
+RESULT_GROUPS = ("Comparisons", "Reproducibility and checks", "Benchmarks", "Parity with the originals")
+RESULT_PAGES = {  # page: (group, title in the nav: what the page shows), in the order the nav lists them
+    "results/compare/embedded_tasks.md": ("Comparisons", "Every encoding on the four digit tasks"),
+    "results/compare/resolution_transfer.md": ("Comparisons", "Resolution transfer (RoPE-ViT's experiment)"),
+    "results/compare/extrapolation.md": ("Comparisons", "Extrapolation: LieRE, ComRoPE, STRING, LookHere"),
+    "results/compare/rope_scaling.md": ("Comparisons", "RoPE scaling at evaluation, centred sin-cos codes"),
+    "results/compare/constant_offset.md": ("Comparisons", "The constant part of fixed sin-cos codes"),
+    "results/compare/cpvt_padding.md": ("Comparisons", "CPVT's PEG with and without zero padding"),
+    "results/padding_leakage.md": ("Comparisons", "Padding leakage in frozen CNNs and ViTs"),
+    "results/compare/padding_leakage_vs_papers.md": ("Comparisons", "Padding leakage beside Islam et al. and Kayhan"),
+    "results/compare/detr_table3.md": ("Comparisons", "DETR Table 3: position in the detector"),
+    "results/compare/detr_deformable.md": ("Comparisons", "Multi-scale Deformable DETR designs"),
+    "results/compare/detr_backbones.md": ("Comparisons", "Detector backbones: small CNN against a ViT"),
+    "results/compare/cifar10_grid.md": ("Comparisons", "CIFAR-10 grid (ready, not run)"),
+    "results/compare/reproducibility.md": ("Reproducibility and checks", "What a repeated run gives"),
+    "results/compare/rerun_today.md": ("Reproducibility and checks", "The digit grids rerun at today's code"),
+    "results/compare/same_numbers.md": ("Reproducibility and checks", "Smoke runs at a CSV's commit and at HEAD"),
+    "results/default_run.md": ("Reproducibility and checks", "The default train.py run, measured"),
+    "results/mutants.md": ("Reproducibility and checks", "Planted bugs and the tests that catch them"),
+    "results/bench_vit_step.md": ("Benchmarks", "ViT step time per encoding"),
+    "results/bench_vit_vs_timm.md": ("Benchmarks", "ViT step: vispe against timm"),
+    "results/bench_scaling.md": ("Benchmarks", "Cost of position from 64 to 4,096 tokens"),
+    "results/bench_rope_share.md": ("Benchmarks", "RoPE's share of one attention call"),
+    "results/bench_rope_blocks.md": ("Benchmarks", "Block-rotation and direction encodings"),
+    "results/bench_bias_attention.md": ("Benchmarks", "Relative bias: time and memory"),
+    "results/bench_compile.md": ("Benchmarks", "torch.compile against eager"),
+    "results/bench_threads.md": ("Benchmarks", "Training step per thread setting"),
+    "results/bench_detr_default.md": ("Benchmarks", "The detection default in five minutes"),
+    "results/bench_detr_step.md": ("Benchmarks", "DETR step against transformers"),
+    "results/bench_detr_positioned.md": ("Benchmarks", "Conditional and DAB-DETR step against transformers"),
+    "results/bench_deformable_step.md": ("Benchmarks", "Deformable layers against transformers"),
+    "results/bench_deformable_detector.md": ("Benchmarks", "Deformable DETR against transformers"),
+    "results/bench_dino_step.md": ("Benchmarks", "DINO's step against two-stage Deformable DETR"),
+    "results/bench_towers_segmentation.md": ("Benchmarks", "Segmentation towers against transformers"),
+    "results/compare/parity_towers.md": ("Parity with the originals", "Converted vision towers"),
+    "results/compare/parity_dinov3_naflex.md": ("Parity with the originals", "DINOv3 and NaFlex conversions"),
+    "results/compare/parity_official_detr.md": ("Parity with the originals", "load_detr against the papers' code"),
+}
+NUMBERED = re.compile(r"^(?:Item|Issue|Part) \d+\s*:\s*|\s*\((?:issue|item)s? [^)]*\)$", re.I)
+
+
+def result_place(path: str) -> tuple[str, str]:
+    """(group, title) of a results page: RESULT_PAGES' entry, else by its name (``bench_*``: Benchmarks,
+    ``parity_*``: Parity, the rest: Comparisons) with its heading as the title, without an "Item N:" /
+    "Issue N:" prefix, an "(issue N)" suffix or backticks."""
+    if path in RESULT_PAGES:
+        return RESULT_PAGES[path]
+    name = posixpath.basename(path)
+    group = ("Benchmarks" if name.startswith("bench_") else "Parity with the originals" if name.startswith("parity_")
+             else "Comparisons")
+    return group, _title(path)
+
+
+def results_nav(paths) -> list[dict]:
+    """The Results navigation's groups: [{group: [{title: page}, ...]}, ...], pages in RESULT_PAGES' order, then
+    the others by path."""
+    order = {p: i for i, p in enumerate(RESULT_PAGES)}
+    groups: dict[str, list[dict]] = {g: [] for g in RESULT_GROUPS}
+    for p in sorted(paths, key=lambda p: (order.get(p, len(order)), p)):
+        group, title = result_place(p)
+        groups[group].append({title: p})
+    return [{g: items} for g, items in groups.items() if items]
+
+
 def _title(path: str) -> str:
-    """A results page's title in the nav: its heading up to the first colon."""
+    """A results page's heading as a nav title: no "Item N:" prefix, "(issue N)" suffix or backticks."""
     with open(os.path.join(ROOT, path), encoding="utf-8") as f:
         for line in f:
             if line.startswith("# "):
-                return line[2:].split(":")[0].strip()
+                title = NUMBERED.sub("", line[2:].strip()).replace("`", "").strip()
+                return title[:1].upper() + title[1:]
     return path
 
 
@@ -255,6 +321,26 @@ def on_page_markdown(markdown, page, config, files):
     base = posixpath.dirname(uri)
     _SHOWN.update(posixpath.normpath(posixpath.join(base, t)) for t in IMAGE.findall(markdown))
     return markdown
+
+
+TABLE_HTML = re.compile(r"<table>.*?</table>", re.S)
+CODE_HTML = re.compile(r"<code>([^<]*)</code>")
+
+
+def keep_tokens(html: str) -> str:
+    """Inline code inside tables with each of its space-separated tokens in ``<span class="vispe-token">`` (kept on
+    one line by docs/stylesheets/extra.css): a command in a table cell wraps at its spaces, never inside a token."""
+
+    def code(m):
+        parts = re.split(r"(\s+)", m.group(1))
+        return "<code>" + "".join(p if not p or p.isspace() else f'<span class="vispe-token">{p}</span>'
+                                  for p in parts) + "</code>"
+
+    return TABLE_HTML.sub(lambda t: CODE_HTML.sub(code, t.group(0)), html)
+
+
+def on_page_content(html, page, config, files):
+    return keep_tokens(html)
 
 
 def on_env(env, config, files):

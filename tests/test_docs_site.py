@@ -135,6 +135,53 @@ def test_docstrings_are_markdown_without_rst_tables():
     assert not found, found
 
 
+# ------------------------------------------------------------------ the Results navigation
+def _results_nav() -> dict[str, dict[str, str]]:
+    pages = [p for p in hooks._mounted_pages() if p != "results/compare/README.md"]
+    return {g: {next(iter(i.values())): next(iter(i)) for i in items}
+            for group in hooks.results_nav(pages) for g, items in group.items()}
+
+
+def test_results_nav_groups_every_results_page_once_under_a_title_that_says_what_it_shows():
+    import re
+
+    nav = _results_nav()
+    assert list(nav) == ["Comparisons", "Reproducibility and checks", "Benchmarks", "Parity with the originals"]
+    placed = [p for g in nav.values() for p in g]
+    assert sorted(placed) == sorted(p for p in hooks._mounted_pages() if p != "results/compare/README.md")
+    assert len(placed) == len(set(placed))
+    assert set(nav["Benchmarks"]) == {p for p in placed if p.split("/")[-1].startswith("bench_")}
+    assert set(nav["Parity with the originals"]) == {p for p in placed if p.split("/")[-1].startswith("parity_")}
+    assert {"results/compare/embedded_tasks.md", "results/compare/detr_table3.md", "results/padding_leakage.md",
+            "results/compare/extrapolation.md"} <= set(nav["Comparisons"])
+    assert {"results/mutants.md", "results/compare/same_numbers.md"} <= set(nav["Reproducibility and checks"])
+    titles = [t for g in nav.values() for t in g.values()]
+    bad = [t for t in titles if re.match(r"^(Item|Issue|Part) \d+", t) or "`" in t or len(t) > 60 or len(t) < 12]
+    assert not bad, bad
+    assert len(set(titles)) == len(titles)
+    assert nav["Comparisons"]["results/compare/embedded_tasks.md"] == "Every encoding on the four digit tasks"
+
+
+def test_a_results_page_not_listed_is_placed_by_its_name_with_its_heading_cleaned(tmp_path, monkeypatch):
+    for name, head in (("bench_new.md", "# `vispe.x` step: fast"), ("parity_new.md", "# Item 7: a parity"),
+                       ("dino.md", "# Issue 47: DINO on the shapes set (issue 47)")):
+        (tmp_path / "results").mkdir(exist_ok=True)
+        (tmp_path / "results" / name).write_text(head + "\n\ntext\n")
+    monkeypatch.setattr(hooks, "ROOT", str(tmp_path))
+    nav = hooks.results_nav(["results/dino.md", "results/parity_new.md", "results/bench_new.md"])
+    assert nav == [{"Comparisons": [{"DINO on the shapes set": "results/dino.md"}]},
+                   {"Benchmarks": [{"Vispe.x step: fast": "results/bench_new.md"}]},
+                   {"Parity with the originals": [{"A parity": "results/parity_new.md"}]}]
+
+
+def test_inline_code_in_tables_keeps_its_tokens_whole_and_leaves_code_elsewhere_alone():
+    html = "<p><code>a --b</code></p><table><tr><td><code>python x.py --pe  sine</code> and <code>y</code></td></tr></table>"
+    assert hooks.keep_tokens(html) == (
+        '<p><code>a --b</code></p><table><tr><td><code><span class="vispe-token">python</span> '
+        '<span class="vispe-token">x.py</span> <span class="vispe-token">--pe</span>  '
+        '<span class="vispe-token">sine</span></code> and <code><span class="vispe-token">y</span></code></td></tr></table>')
+
+
 # ------------------------------------------------------------------ the built site, in a browser
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
@@ -224,3 +271,74 @@ def test_site_pages_render_in_chromium_with_their_figures(path, served, browser)
     if shots:
         Path(shots).mkdir(parents=True, exist_ok=True)
         browser.save_screenshot(str(Path(shots) / ((path.strip("/").replace("/", "_") or "index") + ".png")))
+
+
+LAYOUT = """
+const out = {blocks: [], breaks: [], charPx: 0, cells: document.querySelectorAll("article td code").length};
+for (const c of document.querySelectorAll("article pre > code")) {
+  const longest = Math.max(...c.textContent.split("\\n").map(l => l.length));
+  out.blocks.push({longest, client: c.clientWidth, scroll: c.scrollWidth, overflow: getComputedStyle(c).overflowX});
+}
+const probe = document.createElement("code");  // the width of one character of code
+probe.textContent = "x".repeat(100);
+const pre = document.createElement("pre");
+pre.style.position = "absolute"; pre.style.visibility = "hidden";
+pre.appendChild(probe); document.querySelector("article").appendChild(pre);
+out.charPx = probe.getBoundingClientRect().width / 100;
+pre.remove();
+for (const c of document.querySelectorAll("article td code")) {  // where inline code in a table wraps
+  if (c.getClientRects().length < 2) continue;
+  const walk = document.createTreeWalker(c, NodeFilter.SHOW_TEXT);
+  const r = document.createRange();
+  let top = null, prev = "";
+  for (let node = walk.nextNode(); node; node = walk.nextNode()) {
+    for (let i = 0; i < node.length; i++) {
+      r.setStart(node, i); r.setEnd(node, i + 1);
+      const rect = r.getClientRects()[0];
+      if (!rect) { prev = node.data[i]; continue; }
+      if (top !== null && rect.top > top + 2) out.breaks.push([c.textContent, prev + node.data[i]]);
+      top = rect.top; prev = node.data[i];
+    }
+  }
+}
+return out;
+"""
+
+
+@pytest.mark.parametrize("path", ["encodings/", "results/", "results/compare/", "results/mutants/"])
+def test_at_1400_px_code_is_not_clipped_and_commands_break_only_at_spaces(path, served, browser):
+    """A code line of up to 100 characters is seen whole; a longer one scrolls in its block (never clipped);
+    inline code in a table (commands, options) wraps at a space, never inside a token."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.set_window_size(1400, 1000)
+    try:
+        browser.get(served + path)
+        WebDriverWait(browser, 30).until(lambda d: d.execute_script("return document.readyState") == "complete")
+        got = browser.execute_script(LAYOUT)
+    finally:
+        browser.set_window_size(1280, 1600)
+    assert got["blocks"] or got["cells"], "no code on the page"
+    for b in got["blocks"]:
+        assert b["overflow"] in ("auto", "scroll"), b  # a long line scrolls, it is not cut off
+        if b["longest"] <= 100:
+            assert b["scroll"] <= b["client"], b  # the whole line is on screen
+    widths = [b["client"] / got["charPx"] for b in got["blocks"]]
+    assert not widths or max(widths) >= 100, widths  # the text column holds 100 characters of code at 1400 px
+    bad = [(text, at) for text, at in got["breaks"] if " " not in at]
+    assert not bad, bad
+
+
+def test_the_built_sites_results_navigation_is_grouped_with_readable_titles(site):
+    import html
+    import re
+
+    page = (site / "index.html").read_text()
+    labels = [html.unescape(re.sub(r"<[^>]+>", "", m)).strip()
+              for m in re.findall(r'<(?:a|label)[^>]*class="md-nav__link[^"]*"[^>]*>(.*?)</(?:a|label)>', page, re.S)]
+    labels = [" ".join(x.split()) for x in labels if x.strip()]
+    for group in ("Comparisons", "Reproducibility and checks", "Benchmarks", "Parity with the originals"):
+        assert group in labels, group
+    assert "Every encoding on the four digit tasks" in labels and "DETR Table 3: position in the detector" in labels
+    bad = [x for x in labels if re.fullmatch(r"(Item|Issue) \d+", x) or "`" in x]
+    assert not bad, bad
