@@ -92,27 +92,32 @@ def markdown_table(summary: pd.DataFrame, metric: str = "acc", order: list[str] 
 
 
 def plot_vs_size(summary: pd.DataFrame, metric: str = "acc", groups: list[str] | None = None, ax=None):
-    """Metric against evaluation size per group, error bars = std over seeds; returns the Figure."""
+    """Metric against evaluation size per group, error bars = std over seeds; returns the Figure. On a figure of
+    its own the legend is outside the axes, right of them, so that it covers no curve."""
     import matplotlib.pyplot as plt
 
-    fig = ax.figure if ax is not None else plt.figure(figsize=(6.4, 4.2))
+    fig = ax.figure if ax is not None else plt.figure(figsize=(8.4, 4.2), layout="constrained")
+    own = ax is None
     ax = ax or fig.add_subplot(111)
     groups = groups or list(dict.fromkeys(summary["group"]))
-    for grp in groups:
+    for i, grp in enumerate(groups):
         rows = summary[summary["group"] == grp].sort_values("eval_size")
         if rows.empty:
             continue
         ax.errorbar(rows["eval_size"].to_numpy(float), rows["mean"].to_numpy(float),
-                    yerr=rows["std"].fillna(0.0).to_numpy(float), marker="o", ms=3,
-                    capsize=2, label=grp)
+                    yerr=rows["std"].fillna(0.0).to_numpy(float), marker="os^D"[i // 10 % 4], ms=3,
+                    ls=("-", "--", "-.", ":")[i // 10 % 4], capsize=2, label=grp)  # 10 colours: a style per ten
     train = summary[summary["is_train_size"].astype(bool)]
     if len(train):
         ax.axvline(train["eval_size"].iloc[0], color="grey", ls=":", lw=1, label="training size")
     ax.set_xlabel("evaluation size (px)")
     ax.set_ylabel(f"test {metric}")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
+    if own:
+        fig.legend(loc="outside right upper", fontsize=7, ncol=1 + (len(groups) > 22))
+    else:  # the caller's figure and layout
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
     return fig
 
 

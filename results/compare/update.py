@@ -36,6 +36,7 @@ from tables_padding import leakage_table1, leakage_table4, redgreen_table  # noq
 import constant_offset  # noqa: E402  (beside this file: the constant-offset measurement, seconds)
 import spread  # noqa: E402  (beside this file: the seeds' and machines' spread, reproducibility.md)
 import tables_padding  # noqa: E402  (beside this file)
+import readme_figure  # noqa: E402  (beside this file: the README figure and its caption)
 
 SWEEPS = TASKS + ("shapes_detr", "shapes_detr_queries", "shapes_detr_init", "shapes_detr_init_1thread",
                   "shapes_deformable_detr", "relbias_init_vit",
@@ -283,6 +284,7 @@ BLOCKS = {**{f"main:{t}": (lambda t=t: main_table(t)) for t in TASKS},
           "detr_init_reading": prose_detr.init_reading}
 BLOCKS.update({"leakage_cnn": tables_padding.leakage_cnn_table, "leakage_targets": tables_padding.leakage_targets_table,
                "leakage_vit": tables_padding.leakage_vit_table})  # results/padding_leakage.md's tables (issue 53)
+BLOCKS.update({"readme_caption": readme_figure.caption})  # README.md's figure caption, from its CSV (issue 53)
 
 
 STATUS = re.compile(r"(<!-- BEGIN freshness:([\w.-]+) -->\n)(?:.*?\n)?(<!-- END freshness:\2 -->)", re.S)
