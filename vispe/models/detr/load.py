@@ -200,6 +200,9 @@ def load_detr(source, config=None, **overrides) -> DETR:
         model = create_detr(**{**upgrade_config(source["config"]), **overrides})
         model.load_state_dict(source["model"])
         return model
+    from vispe.models.detr.vitdet.load import is_vit_detr, load_vit_detr  # LW-DETR / RF-DETR (issue 49)
+    if is_vit_detr(source, config):
+        return load_vit_detr(source, config, **overrides)
     if D.is_deformable(source):
         return D.load_deformable_detr(source, config, **overrides)
     if config is not None:

@@ -74,9 +74,9 @@ def rename(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def is_vit_detr(source) -> bool:
-    """True for transformers' LW-DETR / RF-DETR models."""
-    return type(source).__name__ in CLASSES
+def is_vit_detr(source, config=None) -> bool:
+    """True for transformers' LW-DETR / RF-DETR models, or a state_dict beside their config."""
+    return type(source).__name__ in CLASSES or type(config).__name__ in ("LwDetrConfig", "RfDetrConfig")
 
 
 def load_vit_detr(source, config=None, **overrides) -> ViTDETR:

@@ -194,9 +194,11 @@ class WindowedViT(nn.Module):
         P = 0 if cls is None else n * n
         if cls is not None:
             ids = torch.cat([torch.arange(P, device=x.device).expand(B, P), ids], 1)  # (B, P + h*w)
-        pad_q = (ids < 0)[:, :, None]  # (B, L, 1)
-        win_mask = ((ids[:, :, None] == ids[:, None, :]) & (ids >= 0)[:, None, :]) | pad_q  # (B, L, L) True = attend
-        glob_mask = (ids >= 0)[:, None, :] | pad_q  # (B, L, L)
+        L = ids.shape[1]
+        self_only = (ids < 0)[:, :, None] & torch.eye(L, dtype=torch.bool, device=x.device)  # padded cells: themselves
+        valid_k = (ids >= 0)[:, None, :]  # (B, 1, L)
+        win_mask = ((ids[:, :, None] == ids[:, None, :]) & valid_k) | self_only  # (B, L, L) True = attend
+        glob_mask = valid_k.expand(-1, L, -1) | self_only  # (B, L, L)
         ctx = PosContext(shape=(h, w), num_prefix_tokens=P, mask=small if self.encoding is not None else None)
         t = x.reshape(B, h * w, C)
         if cls is not None:
