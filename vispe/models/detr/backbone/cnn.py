@@ -32,8 +32,8 @@ from torchvision.ops.misc import FrozenBatchNorm2d
 
 from vispe import _checks
 from vispe.coords import resize_mask
-from vispe.models.detr.resnet_mask import MaskZeroing
-from vispe.models.detr.vit_backbone import ViTBackbone
+from vispe.models.detr.backbone.resnet_mask import MaskZeroing
+from vispe.models.detr.backbone.vit import ViTBackbone
 from vispe.models.vit import PRESETS as VIT_PRESETS
 
 RESNETS = {"resnet18": 512, "resnet34": 512, "resnet50": 2048, "resnet101": 2048}

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 
-from vispe.models.detr.load_keys import rename_keys
+from vispe.models.detr.load.keys import rename_keys
 
 TARGETS = dict(backbone="backbone.body.", input_proj="input_proj.", level_embed="level_pos.level_embed",
                encoder="encoder.layers.", decoder="decoder.layers.")

@@ -1,5 +1,5 @@
 """Load Deformable DETR's weights into ``create_detr(attention="deformable", decoder="deformable")``
-(``load_detr``'s path for them; the key maps of the shared pieces: ``vispe.models.detr.load_deformable``).
+(``load_detr``'s path for them; the key maps of the shared pieces: ``vispe.models.detr.load.deformable_keys``).
 
 Sources: transformers' ``DeformableDetrForObjectDetection`` (its ``config`` gives the architecture), its
 ``state_dict()`` with ``config=`` that config (or with the arguments the weights cannot give), the same
@@ -23,11 +23,11 @@ import re
 
 import torch
 
-from vispe.models.detr.level_pos import DEFORMABLE_SINE
-from vispe.models.detr.load_deformable import deformable_format, deformable_keys
-from vispe.models.detr.load_keys import rename_keys, resnet_of
-from vispe.models.detr.load_positioned import args_dict, check_timm_backbone, load_fitting_state
+from vispe.models.detr.load.deformable_keys import deformable_format, deformable_keys
+from vispe.models.detr.load.keys import rename_keys, resnet_of
+from vispe.models.detr.load.positioned import args_dict, check_timm_backbone, load_fitting_state
 from vispe.models.detr.model import create_detr
+from vispe.models.detr.neck.level_pos import DEFORMABLE_SINE
 
 _REST = {"transformers": [(r"^model\.query_position_embeddings\.", "query_embed."),
                           (r"^model\.(reference_points|enc_output|enc_output_norm|pos_trans|pos_trans_norm)\.",

@@ -24,7 +24,7 @@ the reference: they take part in the attention of their group and learn "no obje
 
 The draws are the reference's, in its order (label probabilities, new labels, corner signs, corner
 magnitudes), from ``generator`` (default: torch's global one, which the reference uses), so that a
-test seeds both sides alike. The attention mask is ``vispe.models.detr.dn.mask``.
+test seeds both sides alike. The attention mask is ``vispe.models.detr.queries.dn.mask``.
 """
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ import torch
 from torch import nn
 from torchvision.ops import box_convert
 
-from vispe.models.detr.dn.common import inv_sigmoid
-from vispe.models.detr.dn.mask import dn_attention_mask
+from vispe.models.detr.queries.dn.common import inv_sigmoid
+from vispe.models.detr.queries.dn.mask import dn_attention_mask
 
 
 @dataclass

@@ -2,7 +2,7 @@
 ``DeformableTransformer.forward``, ``two_stage_type="standard"``, ``embed_init_tgt=True``).
 
 Every encoder token proposes a box (Deformable DETR's two-stage proposals: the caller's, e.g.
-``vispe.models.detr.deformable_decoder.encoder_proposals``, logits (cx, cy, w, h), +inf where a token
+``vispe.models.detr.transformer.deformable_decoder.encoder_proposals``, logits (cx, cy, w, h), +inf where a token
 has none). Here::
 
     m       = LayerNorm(Linear(memory))                        enc_output, enc_output_norm   (B, N, d)

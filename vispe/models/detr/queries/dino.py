@@ -3,7 +3,7 @@
 
 DINO is DAB's anchors on the deformable operator (``DabQueries``, DINO's formulation: ``p_q =
 ref_point_head(A(anchor))`` at every layer, heads shared by the layers, the decoder norm on every
-layer's output) plus its three parts (``vispe.models.detr.dn``, each equal to IDEA-Research/DINO's code):
+layer's output) plus its three parts (``vispe.models.detr.queries.dn``, each equal to IDEA-Research/DINO's code):
 
 * mixed query selection (``propose``): the anchors are the boxes of the top-k encoder proposals,
   ranked by their best class, detached; the contents are learned (``selection.tgt_embed``). The
@@ -15,7 +15,7 @@ layer's output) plus its three parts (``vispe.models.detr.dn``, each equal to ID
   ``dn_label_noise_ratio``) run before the matching queries behind DINO's attention mask, and come
   back as ``out["dn_outputs"]`` for ``SetCriterion``'s denoising terms (no matching);
 * look-forward-twice (``look_forward_twice``, default True): layer i's boxes add to layer i - 1's
-  refined box before its detach (``vispe.models.detr.decode``).
+  refined box before its detach (``vispe.models.detr.transformer.decode``).
 
 ``decoder_kwargs``: ``anchor_pe`` ("sine": DINO's ``gen_sineembed_for_position``, d_model / 2 features
 per coordinate at temperature 10000, scale 2 pi; any additive encoding evaluated at unit coordinates),
@@ -35,12 +35,12 @@ import torch
 from torch import nn
 
 from vispe.kernels.deformable import Levels
-from vispe.models.detr.deformable_decoder import encoder_proposals
-from vispe.models.detr.dn.common import inv_sigmoid
-from vispe.models.detr.dn.groups import check_options, prepare_cdn
-from vispe.models.detr.dn.selection import MixedQuerySelection
 from vispe.models.detr.mlp import MLP
-from vispe.models.detr.queries import DabQueries, ExtraQueries, StrategyContext, _bool
+from vispe.models.detr.queries.dn.common import inv_sigmoid
+from vispe.models.detr.queries.dn.groups import check_options, prepare_cdn
+from vispe.models.detr.queries.dn.selection import MixedQuerySelection
+from vispe.models.detr.queries.positioned import DabQueries, ExtraQueries, StrategyContext, _bool
+from vispe.models.detr.transformer.deformable_decoder import encoder_proposals
 
 PRIOR_PROB = 0.01  # the class heads' focal prior (DINO, Deformable DETR)
 

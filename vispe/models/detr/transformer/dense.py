@@ -15,7 +15,7 @@ attention (``attn.pe``), and ``ctx.mask`` (B, h, w) hides padded keys. The atten
 are one fused ``qkv`` Linear (rows q, k, v: ``nn.MultiheadAttention``'s ``in_proj_weight``)
 and ``proj`` (its ``out_proj``); the FFN is timm's ``Mlp`` (``fc1``, ReLU, ``fc2``).
 
-One decoder layer serves every query design (``vispe.models.detr.queries``), built from a
+One decoder layer serves every query design (``vispe.models.detr.queries.positioned``), built from a
 ``designs.LayerSpec``: ``decoupled`` gives its attentions separate position projections (``q_pos`` /
 ``k_pos``, Conditional DETR and DAB-DETR), ``query_pos`` whether its cross-attention's query takes
 ``p_q`` (``q_pos``), and ``cross`` the cross-attention: its operator (``CROSS_OPERATORS``: "dense",
@@ -27,7 +27,7 @@ the attention is, ``cross_attn(t, ctx=cross_ctx, memory=..., memory_ctx=..., bia
 reference points a deformable operator would sample around.
 
 The decoder loop asks the strategy for each layer's contexts and, between layers, for the next
-anchors; with a ``relation`` (Relation-DETR, ``vispe.models.detr.relation``) it biases the
+anchors; with a ``relation`` (Relation-DETR, ``vispe.models.detr.transformer.relation``) it biases the
 self-attention of layer i >= 1 by the boxes predicted after the layers before it.
 ``enc_pos_scale`` (DAB-DETR's encoder) scales the encoder's additive code by an MLP of the tokens
 in every layer: ``pos_l = pos * MLP(x_l)``.
@@ -42,12 +42,12 @@ from timm.layers import Mlp
 from torch import nn
 
 from vispe.attention import Attention, PosContext
-from vispe.models.detr.box_bias import BoxRPB
-from vispe.models.detr.decode import decode_loop
-from vispe.models.detr.designs import LayerSpec
+from vispe.models.detr.design.designs import LayerSpec
 from vispe.models.detr.init import xavier_matrices
 from vispe.models.detr.mlp import ACTIVATIONS, MLP
-from vispe.models.detr.queries import LayerPositions
+from vispe.models.detr.queries.positioned import LayerPositions
+from vispe.models.detr.transformer.box_bias import BoxRPB
+from vispe.models.detr.transformer.decode import decode_loop
 
 
 def _attention(d_model: int, nheads: int, dropout: float, attn_dropout: float, **kw) -> Attention:
@@ -151,8 +151,8 @@ class Transformer(nn.Module):
                queries, anchors=None, box_head: nn.Module | None = None, *, intermediate: bool = True,
                self_attn_mask: torch.Tensor | None = None):
         """Decoder outputs after every layer (``intermediate``) or the last only, and the anchors each
-        layer's boxes add to (``queries``: a ``vispe.models.detr.queries`` strategy; the loop:
-        ``vispe.models.detr.decode``).  # (L|1, B, Q, d), [anchors]"""
+        layer's boxes add to (``queries``: a ``vispe.models.detr.queries.positioned`` strategy; the loop:
+        ``vispe.models.detr.transformer.decode``).  # (L|1, B, Q, d), [anchors]"""
         def run(layer, t, p, anchors, self_bias):
             return layer(t, p, memory, self_bias=self_bias, self_attn_mask=self_attn_mask)
 

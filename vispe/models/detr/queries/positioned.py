@@ -17,7 +17,7 @@ DAB's feature-map sine uses 20, its anchor sine 10000: DAB-DETR#21). For 4D anch
 ``A(cx, cy, w, h) = [A((cy, cx)), A((w, h))]`` ([y, x, w, h], the papers' order).
 
 How the anchors meet the memory in cross-attention is the design's ``keys``
-(``vispe.models.detr.designs``): ``"concat"`` (the papers' spatial part, against the keys' additive
+(``vispe.models.detr.design.designs``): ``"concat"`` (the papers' spatial part, against the keys' additive
 grid code), ``"rotary"`` (a rotary encoding in the cross-attention: queries rotated at the anchor
 centre, keys at their cells; no spatial part), ``"none"`` (keys without position: ``p_q`` only),
 ``"sampled"`` (the deformable operator: the memory is sampled around the anchors, which are its
@@ -25,8 +25,8 @@ reference points; keys carry no code, and ``p_q`` enters every layer's query, fr
 sampling offsets and weights are predicted).
 In every case ``p_q`` is added to the cross-attention's query where ``query_pos_in_cross(i)`` says
 so (Conditional: the first layer; DAB: the first, or every layer with ``keep_query_pos``), the one
-rule the decoder layers are built from as well. A box bias (``vispe.models.detr.box_bias``) and a
-box relation (``vispe.models.detr.relation``) need anchor boxes before the first layer
+rule the decoder layers are built from as well. A box bias (``vispe.models.detr.transformer.box_bias``) and a
+box relation (``vispe.models.detr.transformer.relation``) need anchor boxes before the first layer
 (``anchor_boxes``).
 
 A new strategy is a subclass with ``design``, ``OPTIONS`` and ``build(options, context)`` and one

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from vispe.models.detr.dn.common import inv_sigmoid
+from vispe.models.detr.queries.dn.common import inv_sigmoid
 
 #: one decoder layer: (layer index, queries (B, T, d), detached reference boxes (B, T, 4)) -> (B, T, d)
 Layer = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]

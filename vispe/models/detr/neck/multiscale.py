@@ -11,7 +11,7 @@ pixel mask brought to its level with ``vispe.coords.resize_mask`` (nearest), Tru
   ``mask_aware=True`` the padded cells are zeroed after every normalisation (``resnet_mask``), so
   every level is mask-aware.
 * ``MultiScaleCNN``: the last ``num_levels`` stages of ``SmallCNN`` (mask-aware at every stage).
-* ``vispe.models.detr.vit_pyramid.SimpleFeaturePyramid``: a vispe ViT's one map made into several.
+* ``vispe.models.detr.backbone.vit_pyramid.SimpleFeaturePyramid``: a vispe ViT's one map made into several.
 * ``build_multiscale_backbone(name, num_levels)``: one of these by name (``backbone_levels`` of the
   ``num_levels`` from the backbone, the rest from ``InputProjection``).
 
@@ -33,7 +33,7 @@ from torchvision.models._utils import IntermediateLayerGetter
 
 from vispe import _checks
 from vispe.coords import resize_mask
-from vispe.models.detr.backbone import RESNETS, ResNetBackbone, SmallCNN
+from vispe.models.detr.backbone.cnn import RESNETS, ResNetBackbone, SmallCNN
 
 _CHANNELS = {"resnet18": (64, 128, 256, 512), "resnet34": (64, 128, 256, 512),  # layer1..layer4
              "resnet50": (256, 512, 1024, 2048), "resnet101": (256, 512, 1024, 2048)}
@@ -190,11 +190,11 @@ def build_multiscale_backbone(name, num_levels: int = 4, *, weights=None, dilati
       for one level);
     * a module with ``num_channels`` and ``strides`` lists: itself (it must give k levels).
 
-    Options that do not apply are refused (``vispe.models.detr.backbone.build_backbone``'s rules).
+    Options that do not apply are refused (``vispe.models.detr.backbone.cnn.build_backbone``'s rules).
     """
-    from vispe.models.detr.backbone import build_backbone
-    from vispe.models.detr.vit_backbone import ViTBackbone
-    from vispe.models.detr.vit_pyramid import SimpleFeaturePyramid
+    from vispe.models.detr.backbone.cnn import build_backbone
+    from vispe.models.detr.backbone.vit import ViTBackbone
+    from vispe.models.detr.backbone.vit_pyramid import SimpleFeaturePyramid
 
     k = backbone_levels(num_levels, from_backbone)
     if isinstance(name, nn.Module) and isinstance(getattr(name, "strides", None), (list, tuple)):

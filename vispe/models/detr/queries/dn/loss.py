@@ -1,7 +1,7 @@
 """DINO's denoising losses (IDEA-Research/DINO ``SetCriterion.forward``, its ``_dn`` terms): the
 denoising queries are assigned by construction, no matching.
 
-Group g of image b holds its positive copy of box j at query ``g * 2S + j`` (``vispe.models.detr.dn.groups``);
+Group g of image b holds its positive copy of box j at query ``g * 2S + j`` (``vispe.models.detr.queries.dn.groups``);
 those ``G * n_b`` queries get box j's class and box, every other denoising query (the negatives, the
 padding slots) "no object"::
 

@@ -13,7 +13,7 @@ Each level resamples it by a scale and projects it, as ViTDet's ``SimpleFeatureP
 too.) Mask-aware: every level's mask is the pixel mask resized to it (nearest), and padded cells
 are zeroed after every op, so the 3x3 conv reads zeros beyond the valid area as an image alone
 does; the transposed conv (kernel = stride) and the 2x2 pool (valid size a multiple of 2p) never
-mix valid and padded cells. Interface as ``vispe.models.detr.multiscale``: ``num_channels``,
+mix valid and padded cells. Interface as ``vispe.models.detr.neck.multiscale``: ``num_channels``,
 ``strides``, ``forward(images, mask) -> [(features, mask)]``.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torch import nn
 
 from vispe import _checks
 from vispe.coords import resize_mask
-from vispe.models.detr.vit_backbone import ViTBackbone
+from vispe.models.detr.backbone.vit import ViTBackbone
 
 SCALES = (4.0, 2.0, 1.0, 0.5)
 

@@ -2,7 +2,7 @@
 
 transformers' ``ConditionalDetrForObjectDetection`` and ``DabDetrForObjectDetection`` (a model, or its
 ``state_dict()`` with the architecture passed as arguments) map onto ``create_detr(decoder=
-"conditional" | "dab")``; see ``vispe.models.detr.load`` for the entry point. Content and position
+"conditional" | "dab")``; see ``vispe.models.detr.load.detr`` for the entry point. Content and position
 projections (``q_content_proj``, ``q_pos_proj``, ...) map onto the one ``Attention``: content q, k, v
 into its fused ``qkv`` (``load._rename`` fuses them), positions into ``q_pos`` / ``k_pos``, the sine
 query projection into ``q_spatial``. DAB-DETR's decoder box head (``model.decoder.bbox_embed``) is

@@ -1,6 +1,6 @@
 """Splitting the decoder's outputs into the denoising groups' and the matching queries'
 (IDEA-Research/DINO ``dn_post_process``): every query of the decoder is ``[denoising (pad_size) |
-matching (Q)]`` (``vispe.models.detr.dn.groups``)."""
+matching (Q)]`` (``vispe.models.detr.queries.dn.groups``)."""
 from __future__ import annotations
 
 import torch

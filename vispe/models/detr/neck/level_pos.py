@@ -23,7 +23,7 @@ from torch import nn
 from vispe import _checks
 from vispe.encoding import PositionEncoding
 from vispe.kernels.deformable import Levels
-from vispe.models.detr.rules import check_deformable_pe
+from vispe.models.detr.design.rules import check_deformable_pe
 
 LEVEL_PES = ("learned", None)
 #: ``vispe.build("sine", dim=d, **DEFORMABLE_SINE)`` is Deformable DETR's position embedding: cell

@@ -16,7 +16,7 @@ unmatched query an all-zero target, summed and divided by ``num_boxes`` (the pap
 Two-stage detectors (Deformable DETR's A.4) also return ``enc_outputs``, every encoder token's proposal:
 it gets the same losses against the targets with every label set to class 0 (the papers' class-agnostic
 proposals), reported with the suffix ``_enc``; DINO's (``"classes": True``: its top-k selected proposals)
-with the true classes. DINO's denoising groups (``dn_outputs``) add ``vispe.models.detr.dn.loss``'s terms
+with the true classes. DINO's denoising groups (``dn_outputs``) add ``vispe.models.detr.queries.dn.loss``'s terms
 (``loss_ce_dn``, ``loss_bbox_dn``, ``loss_giou_dn``, ``..._dn_{i}`` per layer), weighted as their namesakes.
 
 ``num_boxes`` is the number of target boxes in the batch, summed over processes when
@@ -33,8 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import box_convert, generalized_box_iou_loss, sigmoid_focal_loss
 
-from vispe.models.detr.dn.loss import denoising_losses, weighted_total
-from vispe.models.detr.matcher import HungarianMatcher
+from vispe.models.detr.heads.matcher import HungarianMatcher
+from vispe.models.detr.queries.dn.loss import denoising_losses, weighted_total
 
 TOLERANCE = 1e-4  # boxes may exceed the image by this much (rounding of normalised coordinates)
 
@@ -117,7 +117,7 @@ class SetCriterion(nn.Module):
                                 num_boxes)
             total = total + sum(self.weights[k] * v for k, v in part.items())
             losses.update({k + "_enc": v for k, v in part.items()})
-        if "dn_outputs" in outputs:  # denoising groups (DINO): assigned by construction (vispe.models.detr.dn.loss)
+        if "dn_outputs" in outputs:  # denoising groups (DINO): assigned by construction (vispe.models.detr.queries.dn.loss)
             dn = outputs["dn_outputs"]
             part = denoising_losses(dn, targets, num_boxes=num_boxes, focal_alpha=self.focal_alpha,
                                     focal_gamma=self.focal_gamma, **dn["meta"])

@@ -26,13 +26,13 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from vispe.models.detr.dn.groups import check_options, prepare_cdn
-from vispe.models.detr.dn.lookahead import layer_boxes, look_forward_twice
-from vispe.models.detr.dn.query_pos import DinoQueryPos
-from vispe.models.detr.dn.selection import MixedQuerySelection
-from vispe.models.detr.dn.split import dn_post_process
+from vispe.models.detr.queries.dn.groups import check_options, prepare_cdn
+from vispe.models.detr.queries.dn.lookahead import layer_boxes, look_forward_twice
+from vispe.models.detr.queries.dn.query_pos import DinoQueryPos
+from vispe.models.detr.queries.dn.selection import MixedQuerySelection
+from vispe.models.detr.queries.dn.split import dn_post_process
 
-#: the options of ``DinoDecoding``, with DINO's values (the detector's strategy: ``vispe.models.detr.dino_queries``)
+#: the options of ``DinoDecoding``, with DINO's values (the detector's strategy: ``vispe.models.detr.queries.dino``)
 DEFAULTS = dict(dn_number=100, dn_box_noise_scale=1.0, dn_label_noise_ratio=0.5, look_forward_twice=True,
                 select="valid")
 
@@ -43,7 +43,7 @@ Layer = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.T
 
 class DinoDecoding(nn.Module):
     """DINO's queries and decoder loop (module docstring). ``anchor_pe``: the anchors' additive code
-    (``vispe.models.detr.queries.build_anchor_pe``; "sine" is DINO's)."""
+    (``vispe.models.detr.queries.positioned.build_anchor_pe``; "sine" is DINO's)."""
 
     def __init__(self, d_model: int, num_queries: int, num_classes: int, anchor_pe: nn.Module, *,
                  dn_number: int = 100, dn_box_noise_scale: float = 1.0, dn_label_noise_ratio: float = 0.5,

@@ -2,7 +2,7 @@
 decoder layer (IDEA-Research/DINO ``TransformerDecoder``: ``gen_sineembed_for_position`` then the MLP).
 
 ``A`` is the detector's anchor code, any additive encoding that can be evaluated at unit coordinates
-(``vispe.models.detr.queries.build_anchor_pe``): ``A(cx, cy, w, h) = [A(cy, cx), A(w, h)]``, y channels
+(``vispe.models.detr.queries.positioned.build_anchor_pe``): ``A(cx, cy, w, h) = [A(cy, cx), A(w, h)]``, y channels
 first. The default, ``sine`` at temperature 10000 with scale 2 pi and d_model / 2 interleaved features
 per coordinate, is DINO's ``gen_sineembed_for_position`` (128 per coordinate at d_model 256), as
 ``tests/test_dino_parts.py`` checks against a copy of it.

@@ -10,7 +10,7 @@
   (``backbone.0.body.*``, ``transformer.encoder.layers.N.self_attn.in_proj_weight``, ...; its
   ``args`` give the architecture when present), or that state_dict itself;
 * transformers' ``ConditionalDetrForObjectDetection`` / ``DabDetrForObjectDetection`` or their
-  ``state_dict()`` (``vispe.models.detr.load_positioned``): ``create_detr(decoder="conditional" |
+  ``state_dict()`` (``vispe.models.detr.load.positioned``): ``create_detr(decoder="conditional" |
   "dab")`` with their sigmoid class head and, for DAB-DETR, its feature sine temperature and PReLU;
 * the papers' own Conditional DETR (Atten4Vis/ConditionalDETR) and DAB-DETR (IDEA-Research/DAB-DETR)
   checkpoints, ``{"model": state_dict, "args": Namespace}`` or the state_dict alone
@@ -18,9 +18,9 @@
 * transformers' ``DeformableDetrForObjectDetection`` (or its ``state_dict()`` with ``config=`` its
   config) and fundamentalvision/Deformable-DETR's checkpoints, single-stage, ``with_box_refine`` and
   ``two_stage``: ``create_detr(attention="deformable", decoder="deformable")``
-  (``vispe.models.detr.load_deformable_detr``);
+  (``vispe.models.detr.load.deformable``);
 * vispe's own checkpoints, ``{"config": model.config, "model": state_dict}``, rebuilt from their config
-  (written by an older vispe: upgraded first, ``vispe.models.detr.upgrade``);
+  (written by an older vispe: upgraded first, ``vispe.models.detr.load.upgrade``);
 * a path to a ``.pth`` / ``.bin`` file holding any of these (read with ``weights_only=True``).
 
 What the weights cannot tell (``nheads``, ``dilation``, dropout) comes from the config or the
@@ -40,11 +40,11 @@ from pathlib import Path
 
 import torch
 
-from vispe.models.detr import load_deformable_detr as D, load_positioned as P
-from vispe.models.detr.load_keys import rename_keys, resnet_of
-from vispe.models.detr.load_positioned import check_timm_backbone as _check_timm_backbone
+from vispe.models.detr.load import deformable as D, positioned as P
+from vispe.models.detr.load.keys import rename_keys, resnet_of
+from vispe.models.detr.load.positioned import check_timm_backbone as _check_timm_backbone
+from vispe.models.detr.load.upgrade import is_vispe_checkpoint, upgrade_config
 from vispe.models.detr.model import DETR, create_detr
-from vispe.models.detr.upgrade import is_vispe_checkpoint, upgrade_config
 
 _COMMON = [  # (pattern, replacement) applied to both formats after their own renames
     (r"^bbox_predictor\.layers\.", "bbox_embed.layers."),

@@ -11,7 +11,7 @@ bilinearly around its reference point. What that means for each option:
 
 | option | on the deformable operator |
 |---|---|
-| ``decoder`` | "dino" (DINO: DAB's anchors from mixed query selection, contrastive denoising groups in training, look-forward-twice: ``vispe.models.detr.dino_queries``), "deformable" (Deformable DETR's queries: ``query_embed`` split into ``p_q`` and the content, reference points ``sigmoid(Linear(p_q))``; ``with_box_refine``, ``two_stage``) or "dab" (DAB's anchors are the reference points, ``p_q = MLP(A(anchor))`` at every layer: DINO's query formulation: learned content ``tgt_embed``, heads shared by the layers, the decoder norm on every layer's output, ``look_forward_twice`` as an option; without its denoising and mixed query selection (``formulation="legacy"``: vispe's before issue 46, zero content, per-layer heads, no norm); the anchors are coded in units of each image's valid area, batch-invariant, where DINO's code takes them scaled by level 0's valid ratio, i.e. in units of the padded canvas). "detr" is refused (its learned query positions give no reference point: that is "deformable"), "conditional" too (its spatial query is concatenated to q for a dot product with the keys' code; with reference points from ``p_q`` it is "deformable"). |
+| ``decoder`` | "dino" (DINO: DAB's anchors from mixed query selection, contrastive denoising groups in training, look-forward-twice: ``vispe.models.detr.queries.dino``), "deformable" (Deformable DETR's queries: ``query_embed`` split into ``p_q`` and the content, reference points ``sigmoid(Linear(p_q))``; ``with_box_refine``, ``two_stage``) or "dab" (DAB's anchors are the reference points, ``p_q = MLP(A(anchor))`` at every layer: DINO's query formulation: learned content ``tgt_embed``, heads shared by the layers, the decoder norm on every layer's output, ``look_forward_twice`` as an option; without its denoising and mixed query selection (``formulation="legacy"``: vispe's before issue 46, zero content, per-layer heads, no norm); the anchors are coded in units of each image's valid area, batch-invariant, where DINO's code takes them scaled by level 0's valid ratio, i.e. in units of the padded canvas). "detr" is refused (its learned query positions give no reference point: that is "deformable"), "conditional" too (its spatial query is concatenated to q for a dot product with the keys' code; with reference points from ``p_q`` it is "deformable"). |
 | ``pe`` (encoder tokens) | additive (per level, mask-aware where the encoding is, plus the level embedding ``level_pe``), at ``pe_at`` encoder "attn" (added to the query of every encoder layer, the paper's) or "input" (added once to the tokens); conditional (PEG) at "input": applied to every level's map before flattening; "none": the level embedding alone. Rotary and bias encodings are refused: there is no q.k to rotate or bias. |
 | ``dec_pe`` | refused: the decoder's keys are only sampled, they carry no code; the queries' position is the anchors' (``decoder_kwargs`` ``anchor_pe`` for "dab"). |
 | ``pe_at`` decoder | "attn" only (position enters through where each query samples). |
@@ -25,7 +25,7 @@ bilinearly around its reference point. What that means for each option:
 from __future__ import annotations
 
 from vispe.encoding import PositionEncoding
-from vispe.models.detr.placement import Placement
+from vispe.models.detr.design.placement import Placement
 from vispe.registry import get
 
 DESIGNS = ("deformable", "dab", "dino")  # the query designs the deformable operator takes

@@ -19,7 +19,7 @@ would need them are refused with the reason, so every parameter gets a gradient 
 ``stride`` = the backbone's) adds Plain-DETR's box bias to every cross-attention;
 ``query_relation="relation"`` (``query_relation_kwargs``: ``num_feats`` 16, ``temperature`` 10000,
 ``scale`` 100) adds Relation-DETR's box-to-box bias to the self-attention of decoder layers 1, 2, ...
-(``vispe.models.detr.relation``). Both need anchor boxes before the first layer (``"dab"``,
+(``vispe.models.detr.transformer.relation``). Both need anchor boxes before the first layer (``"dab"``,
 ``query_dim=4``). ``class_head``: "softmax" (DETR's K + 1 logits) or "sigmoid" (K logits and the focal
 loss, the default of the positioned designs, as their papers).
 
@@ -30,9 +30,9 @@ one initialisation, DETR's own, under either name.
 A cross-attention operator is ``CrossSpec.operator`` (``create_detr(attention=...)``): "dense"
 (``transformer.CROSS_OPERATORS``: every query against every memory cell) or "deformable" (Deformable
 DETR's multi-scale sampling at each query's reference point, ``vispe.models.detr.deformable_model``;
-its checks: ``vispe.models.detr.rules``). A query strategy is a ``queries.QueryPositions``
+its checks: ``vispe.models.detr.design.rules``). A query strategy is a ``queries.QueryPositions``
 subclass in ``STRATEGIES`` (here): "detr", "conditional", "dab", and "deformable" (Deformable DETR's
-own, ``vispe.models.detr.deformable_queries``). On the deformable operator the designs are
+own, ``vispe.models.detr.queries.deformable``). On the deformable operator the designs are
 "deformable" and "dab" (DAB's anchors become the reference points: DINO's query formulation, without
 denoising); the design is the one place that combines strategy, operator, keys and options.
 """
@@ -42,11 +42,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vispe.models.detr import rules
-from vispe.models.detr.deformable_queries import DeformableQueries
-from vispe.models.detr.dino_queries import DinoQueries
-from vispe.models.detr.placement import Placement
-from vispe.models.detr.queries import ConditionalQueries, DabQueries, QueryPositions, StrategyContext
+from vispe.models.detr.design import rules
+from vispe.models.detr.design.placement import Placement
+from vispe.models.detr.queries.deformable import DeformableQueries
+from vispe.models.detr.queries.dino import DinoQueries
+from vispe.models.detr.queries.positioned import ConditionalQueries, DabQueries, QueryPositions, StrategyContext
 from vispe.registry import get
 
 #: ``create_detr(decoder=...)``: the query-position strategy of each design
@@ -68,7 +68,7 @@ class CrossSpec:
 
     operator: str = "dense"  # OPERATORS
     keys: str = "add"  # queries.KEYS
-    box_bias: dict | None = None  # BoxRPB's kwargs (vispe.models.detr.box_bias), or None
+    box_bias: dict | None = None  # BoxRPB's kwargs (vispe.models.detr.transformer.box_bias), or None
 
 
 @dataclass(frozen=True)
