@@ -25,7 +25,8 @@ from vispe.encoding import PositionEncoding
 from vispe.kernels.deformable import Levels
 from vispe.models.detr.design.rules import check_deformable_pe
 
-LEVEL_PES = ("learned", None)
+#: the level embeddings: the papers' learned one or none (``create_detr(level_pe=...)``; None is "none")
+LEVEL_PES = ("learned", "none")
 #: ``vispe.build("sine", dim=d, **DEFORMABLE_SINE)`` is Deformable DETR's position embedding: cell
 #: centres (offset -0.5) over the valid area, scale 2 pi, temperature 10000, y channels first.
 DEFORMABLE_SINE = dict(offset=-0.5, normalize=True, temperature=10000.0, layout="interleaved", eps=1e-6)
@@ -39,7 +40,7 @@ class LevelPositions(nn.Module):
             encoding (no 2D code).
         d_model: channels.
         num_levels: levels L (rows of ``level_embed``).
-        level_pe: "learned" (the papers' ``level_embed``) or None.
+        level_pe: "learned" (the papers' ``level_embed``), "none" or None (no level embedding).
     """
 
     def __init__(self, pe: PositionEncoding | None, d_model: int, num_levels: int, level_pe: str | None = "learned") -> None:
@@ -50,7 +51,8 @@ class LevelPositions(nn.Module):
             raise ValueError(f"pe has dim={pe.dim}: expected d_model={d_model}")
         self.pe, self.d_model = pe, _checks.positive_int("d_model", d_model)
         self.num_levels = _checks.positive_int("num_levels", num_levels)
-        self.level_pe = _checks.choice("level_pe", level_pe, LEVEL_PES)
+        level_pe = _checks.choice("level_pe", "none" if level_pe is None else level_pe, LEVEL_PES)
+        self.level_pe = None if level_pe == "none" else level_pe
         self.level_embed = nn.Parameter(torch.empty(num_levels, d_model)) if level_pe == "learned" else None  # (L, d)
         self.reset_parameters()
 

@@ -38,7 +38,7 @@ from vispe.axis.sinusoidal import sinusoidal
 from vispe.coords import float32_math, valid_extent
 from vispe.deformable_attention import MSDeformAttn
 from vispe.kernels.deformable import Levels
-from vispe.models.detr.transformer.deformable_encoder import ffn
+from vispe.models.detr.mlp import ffn
 
 
 class DeformableDecoderLayer(nn.Module):

@@ -21,20 +21,13 @@ and transformers' onto them).
 from __future__ import annotations
 
 import torch
-from timm.layers import Mlp
 from torch import nn
 
 from vispe import _checks
 from vispe.coords import level_reference_points
 from vispe.deformable_attention import MSDeformAttn
 from vispe.kernels.deformable import Levels
-from vispe.models.detr.mlp import ACTIVATIONS
-
-
-def ffn(d_model: int, dim_feedforward: int, dropout: float, activation: str = "relu") -> Mlp:
-    """The layers' FFN (timm's ``Mlp``: ``fc1``, act, drop, ``fc2``, drop)."""
-    _checks.choice("activation", activation, tuple(ACTIVATIONS))
-    return Mlp(d_model, dim_feedforward, act_layer=ACTIVATIONS[activation], drop=dropout)
+from vispe.models.detr.mlp import ffn
 
 
 class DeformableEncoderLayer(nn.Module):

@@ -38,13 +38,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
-from timm.layers import Mlp
 from torch import nn
 
+from vispe import _checks
 from vispe.attention import Attention, PosContext
 from vispe.models.detr.design.designs import LayerSpec
 from vispe.models.detr.init import xavier_matrices
-from vispe.models.detr.mlp import ACTIVATIONS, MLP
+from vispe.models.detr.mlp import ACTIVATIONS, MLP, ffn
 from vispe.models.detr.queries.positioned import LayerPositions
 from vispe.models.detr.transformer.box_bias import BoxRPB
 from vispe.models.detr.transformer.decode import decode_loop
@@ -62,7 +62,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.self_attn = _attention(d_model, nheads, dropout, attn_dropout)
         self.norm1 = nn.LayerNorm(d_model)
-        self.mlp = Mlp(d_model, dim_feedforward, act_layer=ACTIVATIONS[activation], drop=dropout)
+        self.mlp = ffn(d_model, dim_feedforward, dropout, activation)
         self.norm2 = nn.LayerNorm(d_model)
 
     def forward(self, x: torch.Tensor, ctx: PosContext) -> torch.Tensor:  # (B, N, d)
@@ -95,7 +95,7 @@ class DecoderLayer(nn.Module):
         self.norm1 = nn.LayerNorm(d_model)
         self.cross_attn = CROSS_OPERATORS[spec.cross.operator](d_model, nheads, dropout, attn_dropout, spec)
         self.norm2 = nn.LayerNorm(d_model)
-        self.mlp = Mlp(d_model, dim_feedforward, act_layer=ACTIVATIONS[activation], drop=dropout)
+        self.mlp = ffn(d_model, dim_feedforward, dropout, activation)
         self.norm3 = nn.LayerNorm(d_model)
         self.box_bias = box_bias
 
@@ -119,8 +119,7 @@ class Transformer(nn.Module):
                  dim_feedforward: int = 2048, dropout: float = 0.1, attn_dropout: float | None = None, *,
                  enc_pos_scale: bool = False, activation: str = "relu") -> None:
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation={activation!r}: expected one of {', '.join(map(repr, ACTIVATIONS))}")
+        _checks.choice("activation", activation, tuple(ACTIVATIONS))
         attn_dropout = dropout if attn_dropout is None else attn_dropout  # DETR: nn.MultiheadAttention(dropout=0.1)
         args = (d_model, nheads, dim_feedforward, dropout, attn_dropout, activation)
         specs = [LayerSpec()] * dec_layers if isinstance(dec_layers, int) else list(dec_layers)
