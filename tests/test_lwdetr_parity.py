@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests._vit_detr_refs import lw_detr, max_errors, reference_outputs
-from vispe.models.detr.load import load_detr
+from vispe.models.detr import load_detr
 from vispe.models.detr.vitdet import ViTDETR, load_vit_detr
 
 

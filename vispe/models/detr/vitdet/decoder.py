@@ -27,8 +27,7 @@ from vispe.axis.sinusoidal import sinusoidal
 from vispe.coords import float32_math
 from vispe.deformable_attention import MSDeformAttn
 from vispe.kernels.deformable import Levels, swap_xy
-from vispe.models.detr.deformable_encoder import ffn
-from vispe.models.detr.mlp import MLP
+from vispe.models.detr.mlp import MLP, ffn
 
 
 def refine(box: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:

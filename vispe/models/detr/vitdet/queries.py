@@ -21,8 +21,8 @@ from torch import nn
 
 from vispe import _checks
 from vispe.kernels.deformable import Levels
-from vispe.models.detr.deformable_decoder import encoder_proposals
 from vispe.models.detr.mlp import MLP
+from vispe.models.detr.transformer.deformable_decoder import encoder_proposals
 from vispe.models.detr.vitdet.decoder import refine
 
 
