@@ -50,7 +50,7 @@ def create_vit_detr(*, flavour: str = "rfdetr", num_classes: int, embed_dim: int
     queries = GroupTwoStageQueries(d_model, num_queries, num_classes, groups)
     decoder = LiteDecoder(dec_layers, d_model, self_heads=self_heads, cross_heads=cross_heads,
                           dim_feedforward=dim_feedforward, num_levels=len(scales), num_points=num_points,
-                          dropout=dropout, activation=decoder_act, attn_bias=attn_bias)
+                          dropout=dropout, activation=decoder_act, attn_bias=attn_bias, mask_aware=mask_aware)
     return ViTDETR(backbone, projector, queries, decoder, num_classes, aux_loss)
 
 

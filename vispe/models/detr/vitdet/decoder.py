@@ -12,6 +12,11 @@ layers: every layer samples around the same boxes, and every layer's prediction 
            t = norm3(t + FFN(t))
     every layer's output through ``norm`` (the decoder's LayerNorm) -> heads
 
+transformers takes the sine of the box in unit coordinates of the whole padded map (``ref_in``), so a
+query's position code changes with the padding around its image; ``mask_aware=True`` takes it of the box
+in the valid area (``ref``), where it is the same for an image alone and padded (vispe's deliberate
+difference, off for loaded models).
+
 Self-attention and cross-attention have their own head counts (transformers'
 ``decoder_self_attention_heads`` 8, ``decoder_cross_attention_heads`` 16).
 """
@@ -72,9 +77,9 @@ class DecoderLayer(nn.Module):
 class LiteDecoder(nn.Module):
     """The decoder (module docstring): ``layers.{i}``, ``norm``, ``ref_point_head`` (MLP 2d -> d -> d)."""
 
-    def __init__(self, num_layers: int, d_model: int, **layer_kw) -> None:
+    def __init__(self, num_layers: int, d_model: int, *, mask_aware: bool = False, **layer_kw) -> None:
         super().__init__()
-        self.d_model = d_model
+        self.d_model, self.mask_aware = d_model, mask_aware
         self.layers = nn.ModuleList(DecoderLayer(d_model, **layer_kw) for _ in range(num_layers))
         self.norm = nn.LayerNorm(d_model)
         self.ref_point_head = MLP(2 * d_model, d_model, d_model, 2)
@@ -86,7 +91,8 @@ class LiteDecoder(nn.Module):
         -> every layer's normed output.  # (num_layers, B, Q, d)"""
         r = swap_xy(ratios).repeat(1, 1, 2)  # (B, L, 4) as (x, y, x, y)
         ref_in = ref[:, :, None] * r[:, None]  # (B, Q, L, 4) as (cx, cy, w, h)
-        query_pos = self.ref_point_head(box_sine(ref_in[:, :, 0], self.d_model // 2))  # (B, Q, d)
+        at = ref if self.mask_aware else ref_in[:, :, 0]  # the valid area's box, or (transformers) the map's
+        query_pos = self.ref_point_head(box_sine(at, self.d_model // 2))  # (B, Q, d)
         reference = swap_xy(ref_in)  # (B, Q, L, 4) as (cy, cx, h, w)
         outs = []
         for layer in self.layers:
