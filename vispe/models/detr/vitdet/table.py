@@ -6,7 +6,9 @@ learned at the pretraining size (G = pretraining image size / patch size). At a 
 part is resampled by target size (never ``scale_factor``), bicubic, ``align_corners=False``, in float32
 and cast back, with ``antialias`` as the source does it: RF-DETR (transformers'
 ``RfDetrDinov2Embeddings.interpolate_pos_encoding``) with antialias, LW-DETR
-(``LwDetrViTEmbeddings.get_absolute_positions``) without. At (G, G) the table is used as stored.
+(``LwDetrViTEmbeddings.get_absolute_positions``) without. At (G, G) the resampling is the identity
+(exactly: bicubic weights (0, 1, 0, 0) at the cell centres), so there is no branch on the size (a
+branch would put a guard on the grid into an exported graph).
 """
 from __future__ import annotations
 
@@ -29,8 +31,6 @@ def resample_table(table: torch.Tensor, grid: tuple[int, int], *, antialias: boo
     G = table_grid(table)
     C = table.shape[-1]
     patches = table[:, 1:].reshape(1, G, G, C)  # (1, G, G, C)
-    if tuple(grid) == (G, G):
-        return patches
     x = patches.permute(0, 3, 1, 2).float()  # (1, C, G, G)
     x = F.interpolate(x, size=tuple(grid), mode="bicubic", align_corners=False, antialias=antialias)
     return x.permute(0, 2, 3, 1).to(table.dtype)  # (1, h, w, C)
