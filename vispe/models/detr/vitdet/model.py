@@ -67,6 +67,27 @@ class ViTDETR(nn.Module):
         if self.aux_loss:
             out["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b, "class_head": "sigmoid"}
                                   for a, b in zip(logits[:-1], boxes[:-1])]
-        out["enc_outputs"] = {"pred_logits": enc_logits, "pred_boxes": enc_boxes, "class_head": "sigmoid"}
+        # the two-stage predictions learn the true classes (LW-DETR's, DINO's), not class-agnostic proposals
+        out["enc_outputs"] = {"pred_logits": enc_logits, "pred_boxes": enc_boxes, "class_head": "sigmoid",
+                              "classes": True}
         out["groups"] = G
         return out
+
+    class_head = "sigmoid"
+
+    @property
+    def stride(self) -> int:
+        """Pixels per window row / column: batches are padded to a multiple (windows over the padded grid)."""
+        return self.backbone.patch_size * self.backbone.num_windows
+
+    def param_groups(self, lr: float, lr_backbone: float, weight_decay: float) -> list[dict]:
+        """The backbone at ``lr_backbone``, the rest at ``lr`` (the train loop's optimiser groups)."""
+        named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
+        return [{"params": [p for n, p in named if not n.startswith("backbone.")], "lr": lr, "weight_decay": weight_decay},
+                {"params": [p for n, p in named if n.startswith("backbone.")], "lr": lr_backbone,
+                 "weight_decay": weight_decay}]
+
+    def wrap_criterion(self, criterion: nn.Module) -> nn.Module:
+        """``criterion`` applied to each Group-DETR group apart (``task.GroupCriterion``)."""
+        from vispe.models.detr.vitdet.task import GroupCriterion
+        return GroupCriterion(criterion)
