@@ -95,3 +95,12 @@ def test_rope_instead_of_the_table():
     with torch.no_grad():
         g = block(table_grid=4)(x)[0][0][0]
     assert (g[:, :4, :6] - g[:, 4:, 6:]).abs().max() > 1e-3
+
+
+def test_load_with_an_encoding_instead_of_the_table(ref):
+    model = load_vit_detr(ref, encoding="rope_mixed", table_grid=None).eval()
+    assert model.backbone.pos_embed is None and model.backbone.blocks[0].attn.pe is not None
+    x = torch.randn(1, 3, 48, 48, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():  # the same weights otherwise: close to, not equal to, transformers' outputs
+        assert max(max_errors(model(x), reference_outputs(ref, x)).values()) > 1e-4
+        assert torch.equal(model.class_embed.weight, ref.class_embed.weight)

@@ -4,7 +4,8 @@ state_dict with its config) into vispe's ``ViTDETR``.
 The architecture comes from the config (``build.from_hf_config``); the weights by a key map on their
 names. Where the layouts differ: the ViT's separate q / k / v projections become one fused ``qkv``
 (LW-DETR's k projection has no bias: a zero bias, which changes no attention weight), the decoder
-self-attention's likewise, DINOv2's ``mask_token`` (masked-image pretraining only) is dropped. Every
+self-attention's likewise, DINOv2's ``mask_token`` (masked-image pretraining only) is dropped, and
+the position table where ``table_grid=None`` asks for none (``encoding="rope_mixed"`` in its place). Every
 other tensor must be used and every vispe tensor filled: a ValueError lists the rest.
 """
 from __future__ import annotations
@@ -95,7 +96,10 @@ def load_vit_detr(source, config=None, **overrides) -> ViTDETR:
         raise ValueError(f"source is a {type(source).__name__}: expected one of {CLASSES} or a state_dict")
     model = create_vit_detr(**{**from_hf_config(config), **overrides})
     state = rename({k: v for k, v in state.items() if not k.endswith("num_batches_tracked")})
-    have = {k for k in model.state_dict() if not k.endswith("num_batches_tracked")}
+    if model.backbone.pos_embed is None:  # table_grid=None asked for: the table is replaced (an encoding, or none)
+        state.pop("backbone.pos_embed", None)
+    have = {k for k in model.state_dict() if not k.endswith("num_batches_tracked")
+            and ".attn.pe." not in k}  # an encoding asked for is new: its parameters keep their initialisation
     missing, extra = sorted(have - state.keys()), sorted(state.keys() - have)
     if missing or extra:
         raise ValueError(f"source does not fit vispe's ViT detector: missing {missing[:8]}, unexpected {extra[:8]}")

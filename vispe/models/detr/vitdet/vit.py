@@ -64,7 +64,10 @@ class WindowedViT(nn.Module):
     """The windowed ViT (module docstring). ``forward(images, mask)`` -> ([(B, C, h, w)], mask).
 
     Args:
-        embed_dim, depth, num_heads, mlp_ratio, patch_size: the ViT's.
+        embed_dim: the ViT's width.
+        depth: its number of blocks.
+        num_heads: its attention heads.
+        patch_size: its patch side in pixels.
         num_windows: windows per side n (1: no windows).
         window_blocks: indices of the blocks attending within windows.
         out_indices: features after these many blocks (1 .. depth).
@@ -74,6 +77,10 @@ class WindowedViT(nn.Module):
         out_norm: a LayerNorm on the features (DINOv2's ``layernorm``).
         encoding: a vispe rotary or bias encoding name for every block, or None.
         mask_aware: windows and table on each image's valid area (module docstring).
+        mlp_ratio: the MLP's hidden width over ``embed_dim``.
+        eps: the LayerNorms' epsilon.
+        layer_scale: the layer scales' initial value.
+        in_chans: image channels.
     """
 
     def __init__(self, *, embed_dim: int, depth: int, num_heads: int, patch_size: int, num_windows: int,
