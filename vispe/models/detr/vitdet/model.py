@@ -43,7 +43,7 @@ class ViTDETR(nn.Module):
         self.num_classes, self.aux_loss = num_classes, aux_loss
         self.num_queries = queries.num_queries
 
-    def forward(self, images: torch.Tensor, mask: torch.Tensor | None = None, targets=None) -> dict:
+    def forward(self, images: torch.Tensor, mask: torch.Tensor | None = None) -> dict:
         """``images`` (B, 3, H, W), ``mask`` (B, H, W) True = padding -> the output dict (module docstring)."""
         B, _, H, W = images.shape
         if mask is not None and (mask.shape != (B, H, W) or mask.dtype != torch.bool):
