@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 from vispe.models.detr.vitdet.build import create_vit_detr
@@ -45,18 +46,26 @@ def from_train_config(num_classes: int, pe: str, detr: dict[str, Any], defaults:
     return create_vit_detr(flavour=detr["decoder"], num_classes=num_classes, **kw)
 
 
-def _group(out: dict, g: int, Q: int) -> dict:
-    part = {k: (v[:, g * Q:(g + 1) * Q] if k in ("pred_logits", "pred_boxes") else v) for k, v in out.items()
+def _stack_groups(out: dict, G: int) -> dict:
+    """(B, G*Q, .) predictions as (G*B, Q, .): group g of image b at row g*B + b."""
+    def fold(t: torch.Tensor) -> torch.Tensor:
+        B, GQ = t.shape[:2]
+        return t.reshape(B, G, GQ // G, *t.shape[2:]).transpose(0, 1).reshape(G * B, GQ // G, *t.shape[2:])
+
+    part = {k: (fold(v) if k in ("pred_logits", "pred_boxes") else v) for k, v in out.items()
             if k not in ("aux_outputs", "enc_outputs", "groups")}
     if "aux_outputs" in out:
-        part["aux_outputs"] = [_group(a, g, Q) for a in out["aux_outputs"]]
+        part["aux_outputs"] = [_stack_groups(a, G) for a in out["aux_outputs"]]
     if "enc_outputs" in out:
-        part["enc_outputs"] = _group(out["enc_outputs"], g, Q)
+        part["enc_outputs"] = _stack_groups(out["enc_outputs"], G)
     return part
 
 
 class GroupCriterion(nn.Module):
-    """``criterion`` on each group apart, averaged (module docstring)."""
+    """``criterion`` on each group apart, averaged (module docstring). The G groups are scored in one call,
+    as G copies of the batch (each group matched to its own copy of the targets), so the loss is the
+    groups' mean exactly when the batch has a box (with none, the criterion's box count is clamped to 1 and
+    the groups' losses add up instead)."""
 
     def __init__(self, criterion: nn.Module) -> None:
         super().__init__()
@@ -64,9 +73,9 @@ class GroupCriterion(nn.Module):
 
     def forward(self, outputs: dict, targets: list[dict]) -> dict:
         G = outputs.get("groups", 1)
-        Q = outputs["pred_logits"].shape[1] // G
-        parts = [self.criterion(_group(outputs, g, Q), targets) for g in range(G)]
-        return {k: sum(p[k] for p in parts) / G for k in parts[0]}
+        if G == 1:
+            return self.criterion({k: v for k, v in outputs.items() if k != "groups"}, targets)
+        return self.criterion(_stack_groups(outputs, G), [t for _ in range(G) for t in targets])
 
     def __getattr__(self, name: str) -> Any:  # the wrapped criterion's attributes (num_classes, weights, ...)
         try:
