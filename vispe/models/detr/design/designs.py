@@ -38,15 +38,17 @@ denoising); the design is the one place that combines strategy, operator, keys a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from vispe.models.detr.design import rules
 from vispe.models.detr.design.placement import Placement
+from vispe.models.detr.design.specs import CrossSpec, LayerSpec
+from vispe.models.detr.queries.base import QueryPositions, StrategyContext
 from vispe.models.detr.queries.deformable import DeformableQueries
 from vispe.models.detr.queries.dino import DinoQueries
-from vispe.models.detr.queries.positioned import ConditionalQueries, DabQueries, QueryPositions, StrategyContext
+from vispe.models.detr.queries.positioned import ConditionalQueries, DabQueries
 from vispe.registry import get
 
 #: ``create_detr(decoder=...)``: the query-position strategy of each design
@@ -60,25 +62,6 @@ INITS = ("papers", "legacy")
 OPERATORS = ("dense", "deformable")  # create_detr(attention=...)
 RELATION_KWARGS = ("num_feats", "temperature", "scale")
 BOX_BIAS_KWARGS = ("hidden", "transform", "stride")
-
-
-@dataclass(frozen=True)
-class CrossSpec:
-    """Every decoder layer's cross-attention: the operator, how its keys carry position, its box bias."""
-
-    operator: str = "dense"  # OPERATORS
-    keys: str = "add"  # queries.KEYS
-    box_bias: dict | None = None  # BoxRPB's kwargs (vispe.models.detr.transformer.box_bias), or None
-
-
-@dataclass(frozen=True)
-class LayerSpec:
-    """One decoder layer: separate position projections (``decoupled``), ``p_q`` on its cross-attention's
-    query (``query_pos``), and the cross-attention (``cross``)."""
-
-    decoupled: bool = False
-    query_pos: bool = True
-    cross: CrossSpec = field(default_factory=CrossSpec)
 
 
 @dataclass
@@ -105,7 +88,10 @@ class Design:
     def layers(self) -> list[LayerSpec]:
         """One spec per decoder layer; ``p_q`` placement is the strategy's ``query_pos_in_cross``."""
         q = self.queries
-        return [LayerSpec(decoupled=q.decoupled, query_pos=q.query_pos_in_cross(i), cross=self.cross)
+        # the sampling operator's layers (the deformable papers') add p_q to the self-attention's q and k
+        # through the shared projections: no separate position projections there
+        decoupled = q.decoupled and self.cross.operator == "dense"
+        return [LayerSpec(decoupled=decoupled, query_pos=q.query_pos_in_cross(i), cross=self.cross)
                 for i in range(self.num_layers)]
 
 
