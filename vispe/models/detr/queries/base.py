@@ -78,6 +78,9 @@ class QueryPositions(nn.Module):
     design = "detr"
     OPTIONS: frozenset = frozenset()  # the design's decoder_kwargs
     decoupled = False  # the decoder's attentions project positions with their own weights (q_pos / k_pos)
+    #: anchored queries: on the dense operator the keys' position meets the anchors' ("concat" / "rotary" /
+    #: "none", ``designs``) and the queries take position at every attention (False: DETR's "add" keys)
+    positioned = False
     anchor_boxes = False  # anchors are boxes (cx, cy, w, h) before the first layer
     class_head = "softmax"  # the paper's class head
     query_dim: int | None = None  # width of the learned query embedding (None: d_model)

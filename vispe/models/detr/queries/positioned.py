@@ -92,6 +92,8 @@ class PositionedQueries(QueryPositions):
             parameter no step uses, which stops DDP).
     """
 
+    positioned = True
+
     decoupled = True
     class_head = "sigmoid"
     OPTIONS = frozenset({"anchor_pe", "anchor_pe_kwargs", "keep_query_pos"})
