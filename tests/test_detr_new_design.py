@@ -135,3 +135,21 @@ def test_registration_is_checked_and_undone():
     assert "toy_grid" not in designs.STRATEGIES and "toy_grid" not in rules.DESIGN_OPERATORS
     with pytest.raises(ValueError, match=r"decoder='toy_grid': expected one of 'detr', 'conditional', 'dab'"):
         create_detr(3, decoder="toy_grid", **SMALL)
+
+
+def test_one_detector_class_one_forward():
+    """Both operators build a ``DETR`` and run its one ``forward`` (the stages); the deformable one overrides
+    only the stages its operator does differently, and its state_dict keys are those written before."""
+    from vispe.models.detr import DETR, DeformableDETR
+    from vispe.models.detr.model import DETR as Base
+
+    dense = create_detr(3, **SMALL)
+    deform = create_detr(3, attention="deformable", num_feature_levels=2, **SMALL)
+    assert type(dense) is DETR and type(deform) is DeformableDETR and isinstance(deform, DETR) and DETR is Base
+    assert DeformableDETR.forward is DETR.forward and "forward" not in vars(DeformableDETR)
+    assert {"run_encoder", "first_queries", "run_decoder", "predict"} <= set(vars(DeformableDETR))
+    keys = set(deform.state_dict())
+    assert {"encoder.layers.0.self_attn.sampling_offsets.weight", "decoder.layers.1.cross_attn.sampling_offsets.weight",
+            "decoder.layers.1.self_attn.qkv.weight", "level_pos.level_embed", "input_proj.1.0.weight",
+            "class_embed.0.weight", "bbox_embed.0.layers.2.weight"} <= keys
+    assert not any(k.startswith("transformer.") for k in keys)

@@ -1,7 +1,7 @@
 """Every compatibility rule of the detector, each refusal with its reason: which encoding goes where
 (``check_family``, ``check_used``), what the deformable operator accepts (``check``,
 ``check_deformable_pe``, ``check_level_pe``, ``check_heads``). The builders (``designs.build_design``,
-``model.create_detr``, ``deformable_build``) call them; a new design's rules go here.
+``build.create_detr``) call them; a new design's rules go here.
 
 What the deformable operator accepts (``create_detr(attention="deformable")``), and why the rest is refused.
 
@@ -20,7 +20,7 @@ bilinearly around its reference point. What that means for each option:
 | ``keep_query_pos`` | refused ("dab"): every deformable layer takes ``p_q``. |
 | ``enc_pos_scale`` | refused ("dab"): DAB's encoder scaling has no place in the deformable encoder. |
 | ``enc_layers=0`` | with a code at the encoder's attention ("attn"): refused (the code would be used nowhere). |
-| ``init`` | "papers" (Deformable DETR's code; see ``deformable_build``); "legacy" refused (there is no earlier vispe initialisation of this detector). |
+| ``init`` | "papers" (Deformable DETR's code; see ``init.deformable_init``); "legacy" refused (there is no earlier vispe initialisation of this detector). |
 """
 from __future__ import annotations
 
