@@ -153,3 +153,24 @@ def test_one_detector_class_one_forward():
             "decoder.layers.1.self_attn.qkv.weight", "level_pos.level_embed", "input_proj.1.0.weight",
             "class_embed.0.weight", "bbox_embed.0.layers.2.weight"} <= keys
     assert not any(k.startswith("transformer.") for k in keys)
+
+
+def test_both_names_build_equal_models():
+    """``DeformableDETR`` only sets a default: ``DeformableDETR.create`` and ``DETR.create(attention="deformable")``
+    (and ``create_detr``) build the same model, weight for weight, at one seed."""
+    from vispe.models.detr import DETR, DeformableDETR
+
+    built = []
+    for make in (lambda: DeformableDETR.create(3, num_feature_levels=2, **SMALL),
+                 lambda: DETR.create(3, attention="deformable", num_feature_levels=2, **SMALL),
+                 lambda: create_detr(3, attention="deformable", num_feature_levels=2, **SMALL)):
+        torch.manual_seed(0)
+        built.append(make())
+    for other in built[1:]:
+        assert type(other) is DeformableDETR and other.config == built[0].config
+        a, b = built[0].state_dict(), other.state_dict()
+        assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+    torch.manual_seed(0)
+    assert type(DETR.create(3, **SMALL)) is DETR
+    with pytest.raises(ValueError, match=r"attention='dense' with DeformableDETR.create: expected 'deformable'"):
+        DeformableDETR.create(3, attention="dense", **SMALL)

@@ -69,6 +69,7 @@ class DeformableDETR(DETR):
     encoding (PEG) applied to every level's map, or None (additive codes live in ``level_pos``).
     """
 
+    DEFAULTS: dict = {"attention": "deformable"}
     check_finite: bool = False
 
     def __init__(self, backbone: nn.Module, input_proj: nn.Module, level_pos: nn.Module, encoder: nn.Module,

@@ -61,6 +61,9 @@ class DETR(nn.Module):
     non-float or empty batch, a mask of another shape or an image that is all padding.
     """
 
+    #: what ``create`` fixes for this class's name: none for ``DETR`` (``create_detr``'s defaults; any operator),
+    #: the deformable operator for ``DeformableDETR``
+    DEFAULTS: dict = {}
     #: refuse NaN / inf pixels (opt-in, as the ViT's: costs one pass over the input per call)
     check_finite: bool = False
     #: let ``torch.compile`` trace the backbone too (opt-in). By default the backbone runs eagerly
@@ -111,6 +114,17 @@ class DETR(nn.Module):
             for layer in transformer.decoder:
                 layer.cross_attn.set_pe(build_in(name, context, **kw))
                 check_cross_rotary(layer.cross_attn.pe, name, arg)
+
+    @classmethod
+    def create(cls, num_classes: int, **kwargs) -> DETR:
+        """``create_detr(num_classes, **kwargs)`` with this class's ``DEFAULTS`` (``DeformableDETR.create(...)``
+        is ``create_detr(..., attention="deformable")``); a keyword that contradicts them is refused."""
+        from vispe.models.detr.build import create_detr
+
+        for k, v in cls.DEFAULTS.items():
+            if k in kwargs and kwargs[k] != v:
+                raise ValueError(f"{k}={kwargs[k]!r} with {cls.__name__}.create: expected {v!r} (or create_detr)")
+        return create_detr(num_classes, **{**kwargs, **cls.DEFAULTS})
 
     # --- positions -----------------------------------------------------------------------------
     def _codes(self, x: torch.Tensor, mask: torch.Tensor | None):

@@ -31,6 +31,7 @@ from torch import nn
 from vispe.attention import Attention
 from vispe.kernels.deformable import Levels
 from vispe.models.detr.design.specs import LayerSpec
+from vispe.models.detr.init import xavier_matrices
 from vispe.models.detr.mlp import ffn
 from vispe.models.detr.queries.base import LayerPositions
 from vispe.models.detr.transformer.box_bias import BoxRPB
@@ -126,9 +127,7 @@ class DecoderLayer(nn.Module):
 
     def reset_parameters(self) -> None:
         """The deformable papers' (module docstring); the FFN biases keep PyTorch's Linear init."""
-        for p in self.parameters():
-            if p.dim() > 1:
-                nn.init.xavier_uniform_(p)
+        xavier_matrices(self)
         nn.init.zeros_(self.self_attn.qkv.bias)
         nn.init.zeros_(self.self_attn.proj.bias)
         self.cross_attn.reset_parameters()
