@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's vispe, not an installed one (a script's sys.path[0] is tools/)
 RECORD = ROOT / "tests" / "data" / "detr_compat" / "smoke_digest.json"
 STEPS = 3
 #: name -> (config, overrides applied after the config's smoke variant)

@@ -23,10 +23,10 @@ import re
 
 import torch
 
+from vispe.models.detr.build import create_detr
 from vispe.models.detr.load.deformable_keys import deformable_format, deformable_keys
 from vispe.models.detr.load.keys import rename_keys, resnet_of
 from vispe.models.detr.load.positioned import args_dict, check_timm_backbone, load_fitting_state
-from vispe.models.detr.model import create_detr
 from vispe.models.detr.neck.level_pos import DEFORMABLE_SINE
 
 _REST = {"transformers": [(r"^model\.query_position_embeddings\.", "query_embed."),

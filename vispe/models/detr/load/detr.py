@@ -40,11 +40,12 @@ from pathlib import Path
 
 import torch
 
+from vispe.models.detr.build import create_detr
 from vispe.models.detr.load import deformable as D, positioned as P
 from vispe.models.detr.load.keys import rename_keys, resnet_of
 from vispe.models.detr.load.positioned import check_timm_backbone as _check_timm_backbone
 from vispe.models.detr.load.upgrade import is_vispe_checkpoint, upgrade_config
-from vispe.models.detr.model import DETR, create_detr
+from vispe.models.detr.model import DETR
 
 _COMMON = [  # (pattern, replacement) applied to both formats after their own renames
     (r"^bbox_predictor\.layers\.", "bbox_embed.layers."),

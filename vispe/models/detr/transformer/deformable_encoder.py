@@ -27,6 +27,7 @@ from vispe import _checks
 from vispe.coords import level_reference_points
 from vispe.deformable_attention import MSDeformAttn
 from vispe.kernels.deformable import Levels
+from vispe.models.detr.init import xavier_matrices
 from vispe.models.detr.mlp import ffn
 
 
@@ -45,9 +46,7 @@ class DeformableEncoderLayer(nn.Module):
 
     def reset_parameters(self) -> None:
         """The paper's: Xavier-uniform for every matrix (the FFN's), then ``MSDeformAttn``'s own."""
-        for p in self.parameters():
-            if p.dim() > 1:
-                nn.init.xavier_uniform_(p)
+        xavier_matrices(self)
         self.self_attn.reset_parameters()
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor | None, reference: torch.Tensor, levels: Levels,
