@@ -135,6 +135,8 @@ class DetectionTransform:
             geometry = augment
         elif train and augment == "default":
             geometry = detr_train_geometry(img_size, max_size)
+        elif train and augment == "square":  # the square resize real-time DETRs train with (RF-DETR's default)
+            geometry = v2.Resize((img_size, img_size))
         else:
             geometry = eval_resize(img_size, max_size)
         self.augment = augment if train else "none"

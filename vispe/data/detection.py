@@ -134,11 +134,12 @@ def _check_augment(train_augment, split: str):
         mode = "default"
     elif train_augment is False:
         mode = "none"
-    elif callable(train_augment) or train_augment in ("default", "none"):
+    elif callable(train_augment) or train_augment in ("default", "none", "square"):
         mode = train_augment
     else:
-        raise ValueError(f"train_augment={train_augment!r}: expected None, True, False, 'default', 'none', or a "
-                         "callable (image, target) -> (image, target) replacing DETR's flip/resize/crop")
+        raise ValueError(f"train_augment={train_augment!r}: expected None, True, False, 'default', 'none', 'square' "
+                         "(resize to img_size x img_size), or a callable (image, target) -> (image, target) "
+                         "replacing DETR's flip/resize/crop")
     return mode if split == "train" else "none"
 
 

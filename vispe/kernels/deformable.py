@@ -53,7 +53,8 @@ class Levels:
     shapes: tuple[tuple[int, int], ...]
 
     def __post_init__(self) -> None:
-        shapes = tuple(_checks.grid_shape(f"shapes[{i}]", tuple(int(v) for v in s)) for i, s in enumerate(self.shapes))
+        shapes = tuple(_checks.grid_shape(f"shapes[{i}]", tuple(v if isinstance(v, torch.SymInt) else int(v) for v in s))
+                       for i, s in enumerate(self.shapes))  # SymInts stay symbolic (torch.export at any size)
         if not shapes:
             raise ValueError("shapes=(): expected at least one level (h, w)")
         object.__setattr__(self, "shapes", shapes)

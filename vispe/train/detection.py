@@ -115,6 +115,7 @@ class DetectionTask:
     def model(self, cfg: DictConfig, info, img_size: int) -> torch.nn.Module:
         from vispe.data.detection import collate_detection
         from vispe.models.detr import HungarianMatcher, SetCriterion, create_detr
+        from vispe.models.detr.vitdet import task as vit_task
 
         t, m = cfg.task, OmegaConf.to_container(cfg.detr, resolve=True)
         check_encodings({"model.pe": cfg.model.pe, "detr.dec_pe": m["dec_pe"],
@@ -122,9 +123,12 @@ class DetectionTask:
         if m["backbone_weights"] == RANDOM_WEIGHTS:  # asked for (check_config refuses a ResNet without weights)
             m["backbone_weights"] = None
         try:
-            model = create_detr(info.num_classes, pe=cfg.model.pe, pe_kwargs=dict(cfg.model.pe_kwargs),
-                                **{k: (tuple(v) if k in ("grid", "backbone_widths") and v is not None else v)
-                                   for k, v in m.items()})
+            if m["decoder"] in vit_task.DECODERS:  # LW-DETR / RF-DETR: vispe.models.detr.vitdet (issue 49)
+                model = vit_task.from_train_config(info.num_classes, cfg.model.pe, m, _detr_defaults())
+            else:
+                model = create_detr(info.num_classes, pe=cfg.model.pe, pe_kwargs=dict(cfg.model.pe_kwargs),
+                                    **{k: (tuple(v) if k in ("grid", "backbone_widths") and v is not None else v)
+                                       for k, v in m.items()})
         except (TypeError, ValueError) as e:  # worded by argument: name the config keys instead
             settings = {**({m["dec_pe"]: "detr.dec_pe_kwargs"} if m["dec_pe"] else {}), cfg.model.pe: "model.pe_kwargs"}
             raise ValueError(reword(str(e), {**{k: f"detr.{k}" for k in m}, **MODEL_KEYS}, settings, HINTS)) from e
@@ -133,6 +137,8 @@ class DetectionTask:
         matcher = HungarianMatcher(t.cost_class, t.cost_bbox, t.cost_giou, **focal)
         self.criterion = SetCriterion(info.num_classes, matcher, eos_coef=t.eos_coef, weight_ce=t.weight_ce,
                                       weight_bbox=t.weight_bbox, weight_giou=t.weight_giou, **focal)
+        if hasattr(model, "wrap_criterion"):  # Group DETR: the loss per group of queries (vitdet)
+            self.criterion = model.wrap_criterion(self.criterion)
         divisor = t.size_divisibility or getattr(model, "stride", None) or model.backbone.stride  # multi-scale: the backbone's coarsest
         self.collate_fn = partial(collate_detection, size_divisibility=divisor)
         return model
@@ -202,6 +208,12 @@ class DetectionTask:
                              n=self.cfg.vis_images, score=self.cfg.vis_score)
 
 
+def _detr_defaults() -> dict:
+    """The ``detr.*`` keys' defaults (the schema's)."""
+    from vispe.train.schema import DetrModelConfig
+    return OmegaConf.to_container(OmegaConf.structured(DetrModelConfig), resolve=True)
+
+
 _SAID: set[str] = set()
 
 
@@ -218,7 +230,7 @@ def absent_sizes(scores: dict[str, float], say=print) -> dict[str, float]:
 
 def _check_backbone_weights(cfg: DictConfig) -> None:
     """A ResNet backbone needs ``detr.backbone_weights``: a file, or ``random`` when asked for."""
-    from vispe.models.detr.backbone import RESNETS
+    from vispe.models.detr.backbone.cnn import RESNETS
 
     if cfg.detr.backbone in RESNETS and cfg.detr.backbone_weights is None:
         raise ValueError(

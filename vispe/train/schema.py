@@ -51,7 +51,7 @@ class DataConfig:
     download: bool = False
     img_size: Optional[int] = None  # training size; None = the data set's native size
     seed: int = 0  # seed of generated (embedded) data sets
-    train_augment: Optional[bool] = None  # None = the data set's default
+    train_augment: Any = None  # None = the data set's default; true / false; detection also "square" (resize to img_size x img_size, no flip)
     kwargs: Dict[str, Any] = field(default_factory=dict)  # extra build_dataset arguments
     batch_size: int = 128  # per process
     eval_batch_size: Optional[int] = None  # None = 2 * batch_size

@@ -3,7 +3,7 @@ and the positioned-query designs on top (``create_detr(attention="deformable", .
 
 Data flow (d = d_model, L levels, N tokens of all levels, Q queries, K classes)::
 
-    images, mask -> multi-scale backbone -> [(B, C_l, h_l, w_l), mask_l]   (vispe.models.detr.multiscale)
+    images, mask -> multi-scale backbone -> [(B, C_l, h_l, w_l), mask_l]   (vispe.models.detr.neck.multiscale)
       -> input_proj (1x1 conv + GroupNorm per level, extra 3x3 stride-2 levels) -> maps [(B, d, h_l, w_l)]
          [+ PEG per level, for a conditional encoding at the input]
       -> tokens (B, N, d); their code pos = concat_l [pe(level l, mask_l) + level_embed_l]   (level_pos)
@@ -37,15 +37,13 @@ from torch import nn
 
 from vispe.coords import points_at_levels, valid_ratios
 from vispe.kernels.deformable import Levels, swap_xy
-from vispe.models.detr._inputs import (
-    check_inputs as _check_inputs,
-    eager_backbone as _eager_backbone,
-    image_channels as _image_channels,
-)
-from vispe.models.detr.decode import decode_loop
-from vispe.models.detr.designs import Design
+from vispe.models.detr.backbone.inputs import eager_backbone as _eager_backbone, image_channels as _image_channels
+from vispe.models.detr.design.designs import Design
+from vispe.models.detr.heads.outputs import outputs_dict
 from vispe.models.detr.mlp import MLP
-from vispe.models.detr.outputs import outputs_dict, with_extra_queries
+from vispe.models.detr.model import DETR
+from vispe.models.detr.transformer.decode import decode_loop
+from vispe.models.detr.transformer.decoder_layer import Sampling
 
 #: the paper's learning-rate factor of the sampling offsets and reference points (``lr_linear_proj_mult``)
 LINEAR_PROJ_MULT = 0.1
@@ -53,30 +51,33 @@ LINEAR_PROJ_NAMES = ("sampling_offsets", "reference_points")
 
 
 class DeformableDecoder(nn.Module):
-    """The decoder's layers (``layers.{i}``, ``DeformableDecoderLayer``), the norm on every layer's output
+    """The decoder's layers (``layers.{i}``, ``DecoderLayer`` with the deformable operator), the norm on every layer's output
     (``norm``: DINO's; None for Deformable DETR's design) and Relation-DETR's relation (or None)."""
 
     def __init__(self, layers, norm: nn.Module | None = None) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.norm = norm
-        self.relation = None  # vispe.models.detr.relation.PositionRelation, set by the builder
+        self.relation = None  # vispe.models.detr.transformer.relation.PositionRelation, set by the builder
 
 
-class DeformableDETR(nn.Module):
+class DeformableDETR(DETR):
     """Multi-scale backbone -> input projections -> deformable encoder / decoder -> per-layer heads.
 
-    Built by ``create_detr(attention="deformable", ...)`` (``vispe.models.detr.deformable_build``);
+    Built by ``create_detr(attention="deformable", ...)`` (``vispe.models.detr.build``);
     ``forward(images, mask)`` returns DETR's output dict (module docstring). ``pe`` is a conditional
     encoding (PEG) applied to every level's map, or None (additive codes live in ``level_pos``).
     """
 
+    DEFAULTS: dict = {"attention": "deformable"}
     check_finite: bool = False
 
     def __init__(self, backbone: nn.Module, input_proj: nn.Module, level_pos: nn.Module, encoder: nn.Module,
                  decoder: DeformableDecoder, design: Design, *, num_classes: int, num_queries: int, placement,
                  pe: nn.Module | None = None, aux_loss: bool = True, class_head: str = "sigmoid") -> None:
-        super().__init__()
+        # DETR's forward and stages, this operator's modules: nn.Module's init, not DETR's (which builds the
+        # dense transformer); the modules are registered in the order of the state_dicts written before
+        nn.Module.__init__(self)
         d = encoder.d_model
         self.backbone, self.input_proj, self.level_pos, self.pe = backbone, input_proj, level_pos, pe
         self.encoder, self.decoder = encoder, decoder
@@ -116,38 +117,40 @@ class DeformableDETR(nn.Module):
         ratios = valid_ratios(masks) if padded else x.new_ones(x.shape[0], len(levels), 2, dtype=torch.float32)
         return self.encoder(x, levels, pos, ratios, pad), levels, pad, ratios
 
-    def forward(self, images: torch.Tensor, mask: torch.Tensor | None = None, targets: list[dict] | None = None) -> dict:
-        """Images (B, 3, H, W) and padding mask (B, H, W), True = padding -> DETR's output dict. ``targets``
-        (training only) go to the query strategy's ``extra_queries`` (denoising groups: ``dn_outputs``)."""
-        mask = _check_inputs(images, mask, self.in_chans, self.check_finite)
+    # --- the stages of DETR.forward this operator does differently --------------------------------------
+    def run_encoder(self, images: torch.Tensor, mask: torch.Tensor):
+        """(memory (B, N, d), (levels, key padding, valid ratios) for the sampling decoder, the memory's dtype)."""
         memory, levels, pad, ratios = self.encode(images, mask)
-        B, q = memory.shape[0], self.queries
-        enc = None
-        if q.from_proposals:
-            embed, anchors, enc = q.propose(memory, pad, levels, self.class_embed[-1], self.bbox_embed[-1],
-                                            self.num_queries, class_head_kind=self.class_head)  # (B, Q, 2d), (B, Q, 4)
-            t = embed[..., self.d_model:]  # (B, Q, d)
-        else:
-            embed = self.query_embed.weight  # (Q, 2d | query_dim)
-            t, anchors = q.start(embed, B, memory.dtype)  # (B, Q, d), (1, Q, 2|4)
-        extra = q.extra_queries(targets, B, self.d_model, memory.dtype, memory.device) if self.training else None
-        t, anchors, attn_mask = with_extra_queries(t, anchors, extra)
-        hs, used = self.decode(t, embed, memory, levels, pad, ratios, anchors, self_attn_mask=attn_mask)
+        return memory, (levels, pad, ratios), memory.dtype
+
+    def first_queries(self, memory: torch.Tensor, reads, dtype: torch.dtype):
+        """The learned queries, or (two-stage) the encoder's top proposals with their outputs."""
+        q = self.queries
+        if not q.from_proposals:
+            return super().first_queries(memory, reads, dtype)
+        levels, pad, _ = reads
+        embed, anchors, enc = q.propose(memory, pad, levels, self.class_embed[-1], self.bbox_embed[-1],
+                                        self.num_queries, class_head_kind=self.class_head)  # (B, Q, 2d), (B, Q, 4)
+        return embed[..., self.d_model:], embed, anchors, enc  # t (B, Q, d)
+
+    def run_decoder(self, t, embed, memory, reads, anchors, attn_mask):
+        levels, pad, ratios = reads
+        return self.decode(t, embed, memory, levels, pad, ratios, anchors, self_attn_mask=attn_mask)
+
+    def predict(self, hs, used: list, extra) -> dict:
+        """One class / box head per layer (or one shared: the same module at every index)."""
         which = range(len(hs)) if self.aux_loss else [len(hs) - 1]
         logits = [self.class_embed[i](hs[i]) for i in which]  # [(B, Q, K | K+1)]
-        boxes = q.boxes(torch.stack([self.bbox_embed[i](hs[i]) for i in which]), [used[i] for i in which])
-        out = outputs_dict(logits, boxes, self.class_head, self.aux_loss, extra)
-        if enc is not None:
-            out["enc_outputs"] = {**enc, "class_head": self.class_head}
-        return out
+        boxes = self.queries.boxes(torch.stack([self.bbox_embed[i](hs[i]) for i in which]), [used[i] for i in which])
+        return outputs_dict(logits, boxes, self.class_head, self.aux_loss, extra)
 
     def decode(self, t, embed, memory, levels: Levels, pad, ratios, anchors, *, self_attn_mask=None):
-        """Every layer's output and the anchors its boxes add to (``vispe.models.detr.decode``).
+        """Every layer's output and the anchors its boxes add to (``vispe.models.detr.transformer.decode``).
         # [(B, Q, d)], [(B|1, Q, 2|4)]"""
         def run(layer, t, p, anchors, self_bias):
             reference = points_at_levels(swap_xy(anchors), ratios).to(t.dtype)  # (B, Q, L, 2|4) (y, x[, h, w])
-            return layer(t, p.cross_ctx.pos, reference, memory, levels, pad, self_ctx=p.self_ctx,
-                         self_attn_mask=self_attn_mask, self_bias=self_bias)
+            return layer(t, p, memory, self_bias=self_bias, self_attn_mask=self_attn_mask,
+                         sampling=Sampling(reference, levels, pad))
 
         return decode_loop(self.decoder.layers, self.queries, t, embed, anchors, run, heads=lambda i: self.bbox_embed[i],
                            norm=self.decoder.norm, relation=self.decoder.relation)

@@ -28,6 +28,15 @@ relation (PyTorch's default, as its reference). DETR's design has one initialisa
 which both names give. transformers' ports differ from the papers: ``ConditionalDetrForObjectDetection``
 draws every Linear from N(0, 0.02) with zero biases and sets no prior; ``DabDetrForObjectDetection``
 zeroes the box head's last layer and sets the prior from ``1 / (num_labels + 1)``.
+
+The papers' initialisation (``deformable_init``): the transformer's matrices Xavier-uniform (each
+encoder / decoder layer resets itself, ``MSDeformAttn`` its own), the level embedding N(0, 1), the
+class heads' bias at the focal prior ``-log((1 - 0.01) / 0.01)`` (sigmoid heads), every box head's last
+layer zero, and for Deformable DETR's single-stage queries the first box head's size bias -2 (boxes
+start small around the reference points); ``reference_points`` Xavier-uniform with zero bias, the
+strategy's other matrices (DAB's ``ref_point_head``, the two-stage ``enc_output`` / ``pos_trans``)
+Xavier-uniform with PyTorch's default biases, the input projections Xavier-uniform with zero biases.
+With one head per layer, the heads start as copies of one (the papers' ``_get_clones``).
 """
 from __future__ import annotations
 
@@ -68,3 +77,32 @@ def papers_init(model: nn.Module) -> None:
                 if isinstance(attn, Attention) and attn.qkv.bias is not None:
                     bound = 1 / math.sqrt(attn.qkv.in_features)  # nn.Linear's default bias, per q, k, v row
                     nn.init.uniform_(attn.qkv.bias, -bound, bound)
+
+
+def _unique(modules) -> list[nn.Module]:
+    seen, out = set(), []
+    for m in modules:
+        if id(m) not in seen:
+            seen.add(id(m))
+            out.append(m)
+    return out
+
+
+def deformable_init(model: nn.Module) -> None:
+    """Deformable DETR's initialisation of the heads and the query strategy (module docstring); the layers,
+    input projections and level embedding initialise themselves when built."""
+    q = model.queries
+    with torch.no_grad():
+        if model.class_head == "sigmoid":
+            for head in _unique(model.class_embed):
+                nn.init.constant_(head.bias, -math.log((1 - PRIOR_PROB) / PRIOR_PROB))
+        for box in _unique(model.bbox_embed):
+            nn.init.zeros_(box.layers[-1].weight)
+            nn.init.zeros_(box.layers[-1].bias)
+        if q.design == "deformable" and not q.two_stage:
+            nn.init.constant_(model.bbox_embed[0].layers[-1].bias[2:], -2.0)
+        xavier_matrices(q)
+        if hasattr(q, "reset_proposal_heads"):  # a strategy's own proposal heads (DINO's) start as the heads do
+            q.reset_proposal_heads()
+        if getattr(q, "reference_points", None) is not None:
+            nn.init.zeros_(q.reference_points.bias)

@@ -7,13 +7,16 @@
     model = create_detr(6, backbone="small_cnn", decoder="dab", dec_pe="rope_mixed")  # 2D RoPE from anchors
     out = model(images, mask)  # images (B, 3, H, W), mask (B, H, W) bool, True = padding
 
+``create_detr`` is the one builder (``vispe.models.detr.build``); ``DETR.forward`` is the anatomy in one
+method, the same stages for every operator (``DeformableDETR`` overrides the ones it does differently).
+
 Data flow (shapes for d = d_model, Q = num_queries, K = num_classes)::
 
     images, mask -> backbone -> features (B, C, h, w), mask (B, h, w) (nearest)
       -> input_proj (1x1 conv) -> (B, d, h, w) [+ PEG]  -> tokens (B, h*w, d) [+ 2D code at the input]
       -> encoder (2D code on q/k, or rotary/bias inside attention; padded keys masked) -> memory
       -> decoder: queries (B, Q, d) placed by a query strategy (``decoder``: DETR's learned vectors,
-         Conditional DETR's reference points, DAB-DETR's anchor boxes; ``vispe.models.detr.queries``);
+         Conditional DETR's reference points, DAB-DETR's anchor boxes; ``vispe.models.detr.queries.positioned``);
          cross-attention keys carry the memory's 2D code (or are rotated, or biased by the anchors'
          boxes); padded keys masked
       -> pred_logits (B, Q, K + 1) (last = "no object"; with ``class_head="sigmoid"``, (B, Q, K) for
@@ -21,7 +24,7 @@ Data flow (shapes for d = d_model, Q = num_queries, K = num_classes)::
          valid (unpadded) size (plus the anchor's inverse sigmoid for positioned queries), and
          aux_outputs per decoder layer.
 
-Where position enters is ``pe_at`` / ``query_pos_at`` (``vispe.models.detr.placement``). Mask-free
+Where position enters is ``pe_at`` / ``query_pos_at`` (``vispe.models.detr.design.placement``). Mask-free
 batches (no padding anywhere) use the encodings' cached tables and unmasked attention.
 Parameter names follow DETR's (``input_proj``, ``query_embed``, ``class_embed``,
 ``bbox_embed.layers.N``); ``load_detr`` maps DETR's and transformers' checkpoints onto them.
@@ -33,22 +36,16 @@ from torch import nn
 
 from vispe import _checks
 from vispe.attention import PosContext
-from vispe.models.detr._inputs import (
+from vispe.models.detr.backbone.inputs import (
     check_inputs as _check_inputs,
     eager_backbone as _eager_backbone,
     image_channels as _image_channels,
 )
-from vispe.models.detr.backbone import build_backbone
-from vispe.models.detr.deformable_build import build_deformable
-from vispe.models.detr.designs import CLASS_HEADS, Design, build_design, check_cross_rotary, fix_refpoints_xy
-from vispe.models.detr.init import papers_init
+from vispe.models.detr.design.designs import CLASS_HEADS, Design, check_cross_rotary
+from vispe.models.detr.design.rules import check_used
+from vispe.models.detr.heads.outputs import outputs_dict, with_extra_queries
 from vispe.models.detr.mlp import MLP
-from vispe.models.detr.outputs import outputs_dict, with_extra_queries
-from vispe.models.detr.placement import parse_placement
-from vispe.models.detr.relation import PositionRelation
-from vispe.models.detr.rules import check_used
-from vispe.models.detr.transformer import Transformer
-from vispe.models.detr.upgrade import resolved_decoder_kwargs
+from vispe.models.detr.transformer.dense import Transformer
 from vispe.registry import build_in, get
 
 BoxHead = MLP  # DETR's box MLP (``bbox_embed.layers.N``)
@@ -57,18 +54,21 @@ BoxHead = MLP  # DETR's box MLP (``bbox_embed.layers.N``)
 class DETR(nn.Module):
     """Backbone -> projection -> transformer with any encoding -> class and box heads.
 
-    ``design`` (``vispe.models.detr.designs.Design``) is the query design: its strategy becomes
-    ``self.queries`` (``vispe.models.detr.queries``), its keys decide where the encodings go.
+    ``design`` (``vispe.models.detr.design.designs.Design``) is the query design: its strategy becomes
+    ``self.queries`` (``vispe.models.detr.queries.positioned``), its keys decide where the encodings go.
     ``class_head`` "softmax" (K + 1 logits, DETR) or "sigmoid" (K logits for the focal loss,
     Conditional/DAB-DETR). Input checks are the ViT's (``vispe._checks.images``): a ValueError for a
     non-float or empty batch, a mask of another shape or an image that is all padding.
     """
 
+    #: what ``create`` fixes for this class's name: none for ``DETR`` (``create_detr``'s defaults; any operator),
+    #: the deformable operator for ``DeformableDETR``
+    DEFAULTS: dict = {}
     #: refuse NaN / inf pixels (opt-in, as the ViT's: costs one pass over the input per call)
     check_finite: bool = False
     #: let ``torch.compile`` trace the backbone too (opt-in). By default the backbone runs eagerly
     #: outside the graph, because Inductor fails on its convolutions at symbolic sizes (detection batches
-    #: change size at every step; ``vispe.models.detr._inputs.eager_backbone``); at one fixed input size
+    #: change size at every step; ``vispe.models.detr.backbone.inputs.eager_backbone``); at one fixed input size
     #: (``torch.compile(model, dynamic=False)``, batches padded to one size) it compiles
     #: (bench/compile_step.py, results/bench_compile.md)
     backbone_in_graph: bool = False
@@ -115,6 +115,17 @@ class DETR(nn.Module):
                 layer.cross_attn.set_pe(build_in(name, context, **kw))
                 check_cross_rotary(layer.cross_attn.pe, name, arg)
 
+    @classmethod
+    def create(cls, num_classes: int, **kwargs) -> DETR:
+        """``create_detr(num_classes, **kwargs)`` with this class's ``DEFAULTS`` (``DeformableDETR.create(...)``
+        is ``create_detr(..., attention="deformable")``); a keyword that contradicts them is refused."""
+        from vispe.models.detr.build import create_detr
+
+        for k, v in cls.DEFAULTS.items():
+            if k in kwargs and kwargs[k] != v:
+                raise ValueError(f"{k}={kwargs[k]!r} with {cls.__name__}.create: expected {v!r} (or create_detr)")
+        return create_detr(num_classes, **{**kwargs, **cls.DEFAULTS})
+
     # --- positions -----------------------------------------------------------------------------
     def _codes(self, x: torch.Tensor, mask: torch.Tensor | None):
         """Additive 2D codes for the encoder and the decoder keys, or None.  # (B|1, h*w, d) each"""
@@ -128,12 +139,27 @@ class DETR(nn.Module):
             dec = enc if self.dec_pe is None else self.dec_pe(shape, mask, device=x.device, dtype=x.dtype)
         return (enc if pl.encoder != "none" else None), dec
 
-    # --- forward -----------------------------------------------------------------------------------
+    # --- forward: the anatomy in one method ---------------------------------------------------------
     def forward(self, images: torch.Tensor, mask: torch.Tensor | None = None, targets: list[dict] | None = None) -> dict:
         """Images (B, 3, H, W) and padding mask (B, H, W), True = padding -> DETR's output dict
-        (``vispe.models.detr.outputs``). ``targets`` (training only) go to the query strategy's
-        ``extra_queries`` (denoising groups: ``dn_outputs``)."""
+        (``vispe.models.detr.heads.outputs``). ``targets`` (training only) go to the query strategy's
+        ``extra_queries`` (denoising groups: ``dn_outputs``). Every detector runs these stages; an operator's
+        detector (``DeformableDETR``) overrides the stages it does differently."""
         mask = _check_inputs(images, mask, self.in_chans, self.check_finite)
+        memory, reads, dtype = self.run_encoder(images, mask)  # (B, N, d), what the decoder's operator reads
+        t, embed, anchors, enc = self.first_queries(memory, reads, dtype)  # (B, Q, d), embed, (B|1, Q, 2|4) | None
+        B, d = memory.shape[0], memory.shape[-1]
+        extra = self.queries.extra_queries(targets, B, d, dtype, memory.device) if self.training else None
+        t, anchors, attn_mask = with_extra_queries(t, anchors, extra)
+        hs, used = self.run_decoder(t, embed, memory, reads, anchors, attn_mask)  # every layer's output, anchors
+        out = self.predict(hs, used, extra)
+        if enc is not None:
+            out["enc_outputs"] = {**enc, "class_head": self.class_head}
+        return out
+
+    def run_encoder(self, images: torch.Tensor, mask: torch.Tensor):
+        """Backbone, projection, the tokens' codes, the encoder -> (memory (B, h*w, d), the decoder keys'
+        ``PosContext``, the tokens' dtype)."""
         if self.backbone_in_graph:
             feats, fmask = self.backbone(images, mask)  # (B, C, h, w), (B, h, w)
         else:
@@ -152,14 +178,21 @@ class DETR(nn.Module):
         memory = self.transformer.encode(tokens, enc_ctx)  # (B, h*w, d)
         if pl.decoder == "input" and dec_code is not None:
             memory = memory + dec_code
-        memory_ctx = PosContext((h, w), 0, grid_mask, dec_code if pl.decoder == "attn" else None)
+        return memory, PosContext((h, w), 0, grid_mask, dec_code if pl.decoder == "attn" else None), tokens.dtype
+
+    def first_queries(self, memory: torch.Tensor, reads, dtype: torch.dtype):
+        """The query source's first queries: (t (B, Q, d), the embedding, anchors or None, proposals or None)."""
         embed = self.query_embed.weight  # (Q, d | query_dim)
-        t, anchors = self.queries.start(embed, B, tokens.dtype)  # (B, Q, d), (1, Q, 2|4) or None
-        extra = self.queries.extra_queries(targets, B, d, tokens.dtype, tokens.device) if self.training else None
-        t, anchors, attn_mask = with_extra_queries(t, anchors, extra)
-        hs, used = self.transformer.decode(t, embed, memory, memory_ctx, self.queries, anchors, self.bbox_embed,
-                                           intermediate=self.aux_loss, self_attn_mask=attn_mask)
-        # hs (L, B, Q, d), used: [anchors of each layer]
+        t, anchors = self.queries.start(embed, memory.shape[0], dtype)  # (B, Q, d), (1, Q, 2|4) or None
+        return t, embed, anchors, None
+
+    def run_decoder(self, t, embed, memory, reads, anchors, attn_mask):
+        """The decoder layers -> (every layer's output (L, B, Q, d) or the last, the anchors each adds to)."""
+        return self.transformer.decode(t, embed, memory, reads, self.queries, anchors, self.bbox_embed,
+                                       intermediate=self.aux_loss, self_attn_mask=attn_mask)
+
+    def predict(self, hs, used: list, extra) -> dict:
+        """The heads on the decoder's outputs -> the output dict."""
         logits = self.class_embed(hs)  # (L, B, Q, K+1 | K)
         boxes = self.queries.boxes(self.bbox_embed(hs), used)  # (L, B, Q, 4)
         return outputs_dict(logits, boxes, self.class_head, self.aux_loss, extra)
@@ -170,156 +203,3 @@ class DETR(nn.Module):
         return [{"params": [p for n, p in named if not n.startswith("backbone.")], "lr": lr, "weight_decay": weight_decay},
                 {"params": [p for n, p in named if n.startswith("backbone.")], "lr": lr_backbone,
                  "weight_decay": weight_decay}]
-
-
-def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", backbone_weights=None,
-                dilation: bool = False, train_backbone: bool = True, backbone_widths=None,
-                backbone_kwargs: dict | None = None, backbone_mask_aware: bool = False, pe: str = "sine", pe_kwargs: dict | None = None,
-                pe_at="attn", query_pos_at: str = "attn", dec_pe: str | None = None,
-                dec_pe_kwargs: dict | None = None, grid=None, num_queries: int | None = None, d_model: int = 256,
-                nheads: int = 8, enc_layers: int = 6, dec_layers: int = 6, dim_feedforward: int | None = None,
-                dropout: float = 0.1, attn_dropout: float | None = None, aux_loss: bool = True,
-                decoder: str | None = None, decoder_kwargs: dict | None = None, box_bias: str | None = None,
-                box_bias_kwargs: dict | None = None, query_relation: str | None = None,
-                query_relation_kwargs: dict | None = None, class_head: str | None = None, activation: str = "relu",
-                init: str = "papers", attention: str = "dense", num_feature_levels: int | None = None,
-                n_points=None, level_pe: str | None = None, backbone_levels: int | None = None) -> DETR:
-    """A DETR-style detector with encoding ``pe``; the defaults are DETR R50's.
-
-    Args:
-        num_classes: K class ids (labels in [0, K)); the class head has K + 1 outputs, the last
-            is "no object" (DETR on COCO: 91), or K with ``class_head="sigmoid"``.
-        backbone: "resnet18", "resnet34", "resnet50", "resnet101" (torchvision, frozen batch norm;
-            ``backbone_weights`` a local file, ``dilation`` for DC5, ``train_backbone``) or
-            "small_cnn" (mask-aware, for CPU-scale runs; ``backbone_widths``), or a vispe ViT:
-            a preset name ("vit_pico", ...; ``backbone_kwargs`` go to ``create_vit``, plus
-            ``layers``: sum of the last k blocks, default 1) or a module from
-            ``create_vit``/``convert_vit`` (``vispe.models.detr.vit_backbone``), or any module
-            with ``num_channels``, ``stride`` and ``forward(images, mask)``.
-        backbone_mask_aware: ResNets only: zero the padded area after every normalisation, so
-            padding does not leak into the features (off by default: DETR/transformers parity).
-        pe: the encoding (any registered name).
-        pe_kwargs: its settings.
-        pe_at: where position enters (``vispe.models.detr.placement``): a place ("none", "input",
-            "attn") for encoder and decoder, or {"encoder": ..., "decoder": ..., "queries": ...}.
-            DETR's default: "attn" everywhere.
-        query_pos_at: where the learned query positions enter, a place as ``pe_at``.
-        dec_pe: another encoding for the decoder's keys (default: the encoder's own module when it
-            is additive, shared as in DETR); with a positioned ``decoder`` it may be rotary (queries
-            rotated at their anchors).
-        dec_pe_kwargs: its settings.
-        grid: the feature grid (h, w) that encodings with grid-sized tables (learned_abs,
-            relbias) are built for; others recompute at any grid.
-        num_queries: the number of object queries (default: the paper's, DETR's 100 with dense attention,
-            Deformable DETR's 300 with ``attention="deformable"``).
-        d_model: DETR's transformer width.
-        nheads: DETR's attention heads.
-        enc_layers: DETR's encoder layers.
-        dec_layers: DETR's decoder layers.
-        dim_feedforward: the FFN width (default: DETR's 2048, Deformable DETR's 1024 with deformable
-            attention). With ``attention="deformable"`` and ``pe="sine"``, ``pe_kwargs`` default to
-            Deformable DETR's cell centres (``offset=-0.5``; ``level_pos.DEFORMABLE_SINE``) unless given.
-        dropout: DETR's dropout; ``attn_dropout`` on attention weights (default ``dropout``, as
-            nn.MultiheadAttention).
-        aux_loss: also return the outputs of every decoder layer (``aux_outputs``).
-        decoder: the query design ("detr", "conditional", "dab"; ``vispe.models.detr.designs``; default
-            "detr", or "deformable" with ``attention="deformable"``).
-        decoder_kwargs: its options.
-        box_bias: Plain-DETR's box bias ("boxrpb") or None.
-        box_bias_kwargs: its options.
-        query_relation: "relation" for Relation-DETR's box-to-box bias on the decoder's
-            self-attention (``vispe.models.detr.relation``; decoder="dab" with boxes).
-        query_relation_kwargs: its options.
-        class_head: "softmax" (K + 1) or "sigmoid" (K, focal loss); default by design.
-        activation: the FFNs' "relu" (DETR, Conditional DETR), "prelu" (DAB-DETR) or "gelu".
-        init: "papers" (the Conditional DETR / DAB-DETR code's initialisation, default) or "legacy"
-            (vispe's before issue 35); DETR's design has one, DETR's own (``vispe.models.detr.init``).
-        attention: the decoder's cross-attention operator: "dense" (this module's ``DETR``) or
-            "deformable" (multi-scale deformable attention in encoder and decoder: Deformable DETR,
-            ``vispe.models.detr.deformable_model``; designs ``decoder="deformable"`` or ``"dab"``, what
-            each option means there: ``vispe.models.detr.rules``), with
-            ``num_feature_levels`` (4), ``n_points`` (4, or (encoder, decoder)) and ``level_pe``
-            ("learned", the default, or "none"), ``backbone_levels`` (how many levels the backbone
-            gives, the rest extra stride-2 convolutions; default min(L, 3))
-            (``vispe.models.detr.deformable_build``); these are refused with "dense".
-    """
-    deformable = attention == "deformable"
-    decoder = ("deformable" if deformable else "detr") if decoder is None else decoder  # the papers' own queries
-    num_queries = (300 if deformable else 100) if num_queries is None else num_queries  # the papers'
-    dim_feedforward = (1024 if deformable else 2048) if dim_feedforward is None else dim_feedforward
-    if deformable and pe == "sine" and "offset" not in (pe_kwargs or {}):
-        pe_kwargs = {"offset": -0.5, **(pe_kwargs or {})}  # Deformable DETR's cell centres
-    for name, value in (("num_classes", num_classes), ("num_queries", num_queries), ("d_model", d_model),
-                        ("nheads", nheads), ("enc_layers", enc_layers), ("dec_layers", dec_layers),
-                        ("dim_feedforward", dim_feedforward)):
-        _checks.positive_int(name, value, allow_zero=name == "enc_layers")
-    if d_model % nheads:
-        raise ValueError(f"d_model={d_model}: expected a multiple of nheads={nheads}")
-    for name, value in (("dropout", dropout), ("attn_dropout", attn_dropout)):
-        if value is not None and not (isinstance(value, (int, float)) and 0 <= value < 1):
-            raise ValueError(f"{name}={value!r}: expected a probability in [0, 1)")
-    if not isinstance(aux_loss, bool):
-        raise ValueError(f"aux_loss={aux_loss!r}: expected True or False")
-    placement = parse_placement(pe_at, query_pos_at)
-    if attention != "deformable":
-        for name, value in (("num_feature_levels", num_feature_levels), ("n_points", n_points), ("level_pe", level_pe),
-                            ("backbone_levels", backbone_levels)):
-            if value is not None:
-                raise ValueError(f"{name}={value!r} with attention={attention!r}: an option of the multi-scale "
-                                 f"deformable detector; expected attention='deformable' or {name}=None")
-    common = dict(placement=placement, backbone=backbone, backbone_weights=backbone_weights, dilation=dilation,
-                  train_backbone=train_backbone, backbone_widths=backbone_widths, backbone_kwargs=backbone_kwargs,
-                  backbone_mask_aware=backbone_mask_aware, pe=pe, pe_kwargs=dict(pe_kwargs or {}),
-                  dec_pe_kwargs=dict(dec_pe_kwargs or {}), grid=grid, num_queries=num_queries, d_model=d_model,
-                  nheads=nheads, enc_layers=enc_layers, dec_layers=dec_layers, dim_feedforward=dim_feedforward,
-                  dropout=dropout, attn_dropout=attn_dropout, aux_loss=aux_loss, class_head=class_head,
-                  activation=activation)
-    design_kw = dict(decoder=decoder, decoder_kwargs=dict(decoder_kwargs or {}), box_bias=box_bias,
-                     box_bias_kwargs=dict(box_bias_kwargs or {}), query_relation=query_relation,
-                     query_relation_kwargs=dict(query_relation_kwargs or {}), init=init, d_model=d_model,
-                     num_layers=dec_layers, placement=placement, pe=pe, dec_pe=dec_pe, enc_layers=enc_layers,
-                     num_queries=num_queries, num_classes=num_classes)
-    if attention == "deformable":
-        model = build_deformable(num_classes, design=build_design(**design_kw, attention=attention), **common,
-                                 num_feature_levels=num_feature_levels, n_points=n_points, level_pe=level_pe,
-                                 backbone_levels=backbone_levels)
-    else:
-        model = _build_dense(num_classes, design_kw, dec_pe=dec_pe, attention=attention, **common)
-    model.config = dict(num_classes=num_classes, backbone=backbone if isinstance(backbone, str) else type(backbone).__name__,
-                        backbone_kwargs=dict(backbone_kwargs or {}), backbone_mask_aware=backbone_mask_aware,
-                        dilation=dilation, backbone_widths=backbone_widths,
-                        pe=pe, pe_kwargs=dict(pe_kwargs or {}), pe_at=pe_at if isinstance(pe_at, str) else dict(pe_at),
-                        query_pos_at=query_pos_at, dec_pe=dec_pe, dec_pe_kwargs=dict(dec_pe_kwargs or {}), grid=grid,
-                        num_queries=num_queries, d_model=d_model, nheads=nheads, enc_layers=enc_layers,
-                        dec_layers=dec_layers, dim_feedforward=dim_feedforward, dropout=dropout,
-                        attn_dropout=attn_dropout, aux_loss=aux_loss, decoder=decoder,
-                        decoder_kwargs=resolved_decoder_kwargs(model.queries, decoder_kwargs), box_bias=box_bias,
-                        box_bias_kwargs=dict(box_bias_kwargs or {}), query_relation=query_relation,
-                        query_relation_kwargs=dict(query_relation_kwargs or {}), class_head=model.class_head,
-                        activation=activation, init=init, attention=attention,
-                        **({} if attention != "deformable" else dict(num_feature_levels=num_feature_levels, n_points=n_points,
-                                                                     level_pe=level_pe, backbone_levels=backbone_levels)))
-    return model
-
-
-def _build_dense(num_classes, design_kw: dict, *, placement, backbone, backbone_weights, dilation, train_backbone,
-                 backbone_widths, backbone_kwargs, backbone_mask_aware, pe, pe_kwargs, dec_pe, dec_pe_kwargs, grid,
-                 num_queries, d_model, nheads, enc_layers, dec_layers, dim_feedforward, dropout, attn_dropout, aux_loss,
-                 class_head, activation, attention) -> DETR:
-    """The single-scale detector with dense cross-attention (``create_detr``'s default); the backbone is
-    built first (the random draws of every run before the deformable operator)."""
-    net = build_backbone(backbone, weights=backbone_weights, dilation=dilation, train_backbone=train_backbone,
-                         widths=backbone_widths, kwargs=backbone_kwargs, mask_aware=backbone_mask_aware)
-    design = build_design(**design_kw, stride=net.stride, attention=attention)
-    transformer = Transformer(d_model, nheads, enc_layers, design.layers(), dim_feedforward, dropout, attn_dropout,
-                              enc_pos_scale=design.enc_pos_scale, activation=activation)
-    model = DETR(net, transformer, design, num_classes=num_classes, num_queries=num_queries, pe=pe, pe_kwargs=pe_kwargs,
-                 placement=placement, dec_pe=dec_pe, dec_pe_kwargs=dec_pe_kwargs, grid=grid, aux_loss=aux_loss,
-                 class_head=class_head)
-    if design.queries.random_refpoints_xy:
-        fix_refpoints_xy(model.query_embed.weight)
-    if design.relation is not None:  # built last: at one seed, every other weight is the run's without it
-        transformer.relation = PositionRelation(nheads, **design.relation)
-    if design.init == "papers":
-        papers_init(model)
-    return model
