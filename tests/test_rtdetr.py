@@ -135,3 +135,18 @@ def test_backbone_equals_transformers_rtdetr_resnet_stage_by_stage():
     for g, w in zip(got, want):
         assert g.shape == w.shape and w.abs().max() > 0.1
         torch.testing.assert_close(g, w, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["default", "discrete"])
+def test_rtdetr_v2_equals_transformers(method):
+    """RT-DETRv2 (offset scale, discrete sampling): eval parity, and training with denoising seeded alike."""
+    from transformers import RTDetrV2Config, RTDetrV2ForObjectDetection
+    cfg = RTDetrV2Config(**{**config().to_dict(), "model_type": "rt_detr_v2", "decoder_method": method,
+                            "decoder_offset_scale": 0.7})
+    hf = perturb(RTDetrV2ForObjectDetection(cfg), seed=9).eval()
+    with torch.no_grad():  # a constant buffer (1 / points), not a weight: perturb changed it
+        for layer in hf.model.decoder.layers:
+            layer.encoder_attn.n_points_scale.fill_(1.0 / cfg.decoder_n_points)
+    ours = load_detr(hf)
+    check_eval(ours, hf, images(), f"RT-DETRv2 {method}")
+    check_eval(load_detr(hf.state_dict(), hf.config), hf, images(64, 160), f"RT-DETRv2 {method}, state_dict")

@@ -11,11 +11,14 @@ The query's position is an MLP of its 4D box, not a sine of it (DAB-/DINO-DETR's
 cross-attention samples around the box (the box rule of ``vispe.kernels.deformable``: offsets
 scaled by the box's half size over the number of points). Boxes are the whole map's unit
 coordinates (RT-DETR does not rescale by valid ratios). The self-attention takes the denoising
-groups' mask. Gradients: transformers' (each layer's box from the detached box before it);
+groups' mask. RT-DETRv2 (``v2={...}``): each layer's cross-attention is ``MSDeformAttnV2`` (per-level
+points, ``offset_scale``, ``method="discrete"``), the rest unchanged. Gradients: transformers' (each layer's box from the detached box before it);
 lyuwenyu's training adds look-forward-twice (``vispe.models.detr.dn.lookahead``), which changes the
 gradients only, not the outputs.
 """
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,15 +26,19 @@ from torch import nn
 from vispe.kernels.deformable import Levels, swap_xy
 from vispe.models.detr.deformable_decoder import DeformableDecoderLayer
 from vispe.models.detr.mlp import MLP, inverse_sigmoid
+from vispe.models.detr.realtime.deform_v2 import MSDeformAttnV2
 
 
 class RealtimeDecoder(nn.Module):
     def __init__(self, d_model: int = 256, num_heads: int = 8, ffn_dim: int = 1024, num_layers: int = 6, *,
                  num_classes: int = 80, num_levels: int = 3, num_points: int = 4, dropout: float = 0.0,
-                 activation: str = "relu") -> None:
+                 activation: str = "relu", v2: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.layers = nn.ModuleList(DeformableDecoderLayer(d_model, num_heads, ffn_dim, dropout, num_levels, num_points,
                                                            activation, attn_dropout=dropout) for _ in range(num_layers))
+        if v2 is not None:  # RT-DETRv2's operator in every layer (per-level points, offset scale, discrete sampling)
+            for layer in self.layers:
+                layer.cross_attn = MSDeformAttnV2(d_model, num_heads, num_levels, **{"num_points": num_points, **v2})
         self.query_pos_head = MLP(4, 2 * d_model, d_model, 2)
         self.class_embed = nn.ModuleList(nn.Linear(d_model, num_classes) for _ in range(num_layers))
         self.bbox_embed = nn.ModuleList(MLP(d_model, d_model, 4, 3) for _ in range(num_layers))

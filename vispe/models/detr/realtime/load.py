@@ -1,7 +1,9 @@
-"""Load transformers' RT-DETR into ``vispe.models.detr.realtime.RTDETR``: ``load_rtdetr(source, config=None)``.
+"""Load transformers' RT-DETR and RT-DETRv2 into ``vispe.models.detr.realtime.RTDETR``: ``load_rtdetr(source, config=None)``.
 
-``source``: a ``transformers.RTDetrForObjectDetection`` (its config gives the architecture), or its
-``state_dict()`` with ``config=`` its ``RTDetrConfig``. The backbone (``RTDetrResNetBackbone``,
+``source``: a ``transformers.RTDetrForObjectDetection`` / ``RTDetrV2ForObjectDetection`` (its config gives
+the architecture), or its ``state_dict()`` with ``config=`` its ``RTDetrConfig`` / ``RTDetrV2Config``
+(RT-DETRv2 also reads ``decoder_offset_scale`` and ``decoder_method``; ``decoder_n_levels`` must equal
+``num_feature_levels``). The backbone (``RTDetrResNetBackbone``,
 bottleneck layers) becomes timm's ResNet-vd (``vispe.models.detr.realtime.backbone``): the same
 function, keys renamed. Every vispe key must be filled and every source key used, equal shapes.
 
@@ -29,7 +31,7 @@ from vispe.models.detr.load_keys import rename_keys
 from vispe.models.detr.realtime.backbone import ResNetVd
 from vispe.models.detr.realtime.model import RTDETR
 
-MODEL_TYPES = ("rt_detr",)
+MODEL_TYPES = ("rt_detr", "rt_detr_v2")
 
 _BACKBONE = [
     (r"^model\.backbone\.model\.embedder\.embedder\.0\.convolution\.", "backbone.body.conv1.0."),
@@ -95,8 +97,14 @@ def rtdetr_kwargs(config) -> dict[str, Any]:
     backbone = dict(depths=tuple(b.depths), widths=tuple(h // 4 for h in b.hidden_sizes),
                     stem_width=b.embedding_size // 2, out_indices=out_indices,
                     frozen_bn=bool(c.freeze_backbone_batch_norms))
+    v2 = None
+    if c.model_type == "rt_detr_v2":
+        if c.decoder_n_levels != c.num_feature_levels:
+            raise ValueError(f"config.decoder_n_levels={c.decoder_n_levels}: vispe's RT-DETRv2 samples every decoder "
+                             f"level, expected num_feature_levels={c.num_feature_levels}")
+        v2 = {"offset_scale": float(c.decoder_offset_scale), "method": c.decoder_method}
     return dict(
-        backbone=backbone, num_classes=c.num_labels, num_queries=c.num_queries, d_model=c.d_model,
+        backbone=backbone, v2=v2, num_classes=c.num_labels, num_queries=c.num_queries, d_model=c.d_model,
         encoder_dim=c.encoder_hidden_dim, aifi_levels=tuple(c.encode_proj_layers),
         aifi_heads=c.encoder_attention_heads, aifi_ffn=c.encoder_ffn_dim, aifi_layers=c.encoder_layers,
         aifi_activation=c.encoder_activation_function, ccfm_activation=c.activation_function,
@@ -110,7 +118,20 @@ def rtdetr_kwargs(config) -> dict[str, Any]:
 
 
 def rename(state: dict) -> dict:
-    """transformers' RT-DETR keys -> vispe's (q, k, v projections fused into ``qkv``)."""
+    """transformers' RT-DETR / RT-DETRv2 keys -> vispe's (q, k, v projections fused into ``qkv``). RT-DETRv2's
+    top-level ``class_embed`` / ``bbox_embed`` (tied copies of the decoder's) are checked equal and dropped, its
+    ``n_points_scale`` buffers checked against ``1 / P``."""
+    state = dict(state)
+    for key in [k for k in state if k.startswith(("class_embed.", "bbox_embed."))]:
+        twin = "model.decoder." + key
+        if twin not in state or not torch.equal(state[twin], state[key]):
+            raise ValueError(f"source has {key} without an equal {twin}: expected the decoder's heads and their tied copies")
+        del state[key]
+    for key in [k for k in state if k.endswith("encoder_attn.n_points_scale")]:
+        scale = state.pop(key)
+        n = 1.0 / scale
+        if not torch.allclose(n, n.round()) or not torch.allclose(n, n[:1].expand_as(n)):
+            raise ValueError(f"{key}={scale.tolist()}: expected 1 / num_points, the same count at every level")
     renamed, _ = rename_keys(state, _BACKBONE + _REST)
     return renamed
 

@@ -11,6 +11,9 @@ The one detector's stages with RT-DETR's choice at each::
     decoder    ``RealtimeDecoder``: deformable cross-attention, ``query_pos_head`` MLP of the box
     heads      per layer ``class_embed`` (sigmoid classes), ``bbox_embed`` (box refinement)
 
+RT-DETRv2 is the same model with ``v2={"num_points": int | [per level], "offset_scale": 0.5,
+"method": "default" | "discrete"}``: the decoder's cross-attention becomes ``MSDeformAttnV2``.
+
 Output (dict): "pred_logits" (B, Q, K), "pred_boxes" (B, Q, 4) unit (cx, cy, w, h) from the last layer;
 "aux_outputs" the same for the layers before; "enc_outputs" the selected encoder proposals; in
 training with ``targets`` and ``num_denoising > 0``: "dn_outputs" (per layer, the denoising queries'
@@ -41,7 +44,8 @@ class RTDETR(nn.Module):
                  decoder_heads: int = 8, decoder_ffn: int = 1024, num_points: int = 4, decoder_activation: str = "relu",
                  dropout: float = 0.0, num_denoising: int = 100, label_noise_ratio: float = 0.5,
                  box_noise_scale: float = 1.0, learn_initial_query: bool = False, layer_norm_eps: float = 1e-5,
-                 batch_norm_eps: float = 1e-5, pe: str = SINCOS, pe_kwargs: dict[str, Any] | None = None) -> None:
+                 batch_norm_eps: float = 1e-5, pe: str = SINCOS, pe_kwargs: dict[str, Any] | None = None,
+                 v2: dict[str, Any] | None = None) -> None:
         super().__init__()
         channels = list(getattr(backbone, "channels", []))
         if not channels:
@@ -68,7 +72,7 @@ class RTDETR(nn.Module):
             if num_denoising > 0 else None
         self.decoder = RealtimeDecoder(d_model, decoder_heads, decoder_ffn, decoder_layers, num_classes=num_classes,
                                        num_levels=num_levels, num_points=num_points, dropout=dropout,
-                                       activation=decoder_activation)
+                                       activation=decoder_activation, v2=v2)
         self.num_classes, self.num_queries = num_classes, num_queries
         self.num_denoising, self.label_noise_ratio, self.box_noise_scale = num_denoising, label_noise_ratio, box_noise_scale
 
