@@ -29,9 +29,9 @@ from transformers.models.deformable_detr.modeling_deformable_detr import (
 
 from vispe.coords import points_at_levels, resize_mask, valid_ratios
 from vispe.kernels.deformable import Levels, swap_xy
-from vispe.models.detr.deformable_decoder import DeformableDecoderLayer
-from vispe.models.detr.deformable_encoder import DeformableEncoder
-from vispe.models.detr.load_deformable import deformable_keys
+from vispe.models.detr.load.deformable_keys import deformable_keys
+from vispe.models.detr.transformer.deformable_decoder import DeformableDecoderLayer
+from vispe.models.detr.transformer.deformable_encoder import DeformableEncoder
 
 
 def inputs(args):

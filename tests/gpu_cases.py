@@ -54,7 +54,7 @@ def detector_designs() -> dict[str, tuple[str, ...]]:
     """{operator: designs}: the query designs each cross-attention operator takes, read from the detector's
     registries (``designs.STRATEGIES``, ``designs.OPERATORS``, ``rules.DESIGNS``)."""
     try:
-        from vispe.models.detr import designs, rules
+        from vispe.models.detr.design import designs, rules
 
         dense = tuple(d for d in designs.STRATEGIES if d not in rules.DESIGNS_ONLY)
         return {op: dense if op == "dense" else tuple(rules.DESIGNS) for op in designs.OPERATORS}
@@ -103,7 +103,7 @@ def vit_outputs(model, x, mask) -> list[torch.Tensor]:
 
 # ------------------------------------------------------------------------------------ the detector
 def detr_placement(name: str, attention: str = "dense") -> dict:
-    """What ``create_detr`` needs for an encoding of ``name``'s family (``vispe.models.detr.placement``):
+    """What ``create_detr`` needs for an encoding of ``name``'s family (``vispe.models.detr.design.placement``):
     additive and none as they are; rotary and bias in the encoder with a sine code for the decoder's keys;
     conditional (PEG) at the encoder input."""
     fam = family(name)

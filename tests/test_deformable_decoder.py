@@ -1,4 +1,4 @@
-"""Deformable DETR's decoder layer and two-stage helpers (vispe.models.detr.deformable_decoder) against
+"""Deformable DETR's decoder layer and two-stage helpers (vispe.models.detr.transformer.deformable_decoder) against
 transformers' DeformableDetrDecoderLayer, gen_encoder_output_proposals and get_proposal_pos_embed."""
 from types import SimpleNamespace
 
@@ -10,9 +10,9 @@ from transformers.models.deformable_detr.modeling_deformable_detr import Deforma
 
 from vispe.coords import points_at_levels, resize_mask, valid_ratios
 from vispe.kernels.deformable import Levels, swap_xy
-from vispe.models.detr.deformable_decoder import DeformableDecoderLayer, encoder_proposals, proposal_sine
-from vispe.models.detr.deformable_encoder import DeformableEncoderLayer
-from vispe.models.detr.load_deformable import deformable_keys
+from vispe.models.detr.load.deformable_keys import deformable_keys
+from vispe.models.detr.transformer.deformable_decoder import DeformableDecoderLayer, encoder_proposals, proposal_sine
+from vispe.models.detr.transformer.deformable_encoder import DeformableEncoderLayer
 
 D, HEADS, STRIDES = 64, 4, (8, 16, 32, 64)
 

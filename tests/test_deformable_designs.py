@@ -135,7 +135,7 @@ def test_every_triple_is_accepted_with_every_parameter_trained_or_refused_with_i
 
 
 def test_the_configurations_cover_every_encoding_and_design():
-    from vispe.models.detr.designs import STRATEGIES
+    from vispe.models.detr.design.designs import STRATEGIES
 
     labels = " ".join(label for label, _, _ in CONFIGS)
     assert all(f"{design} pe=" in labels for design in STRATEGIES)

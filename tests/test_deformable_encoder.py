@@ -11,10 +11,10 @@ from transformers.models.deformable_detr.modeling_deformable_detr import Deforma
 import vispe
 from vispe.coords import resize_mask, valid_ratios
 from vispe.kernels.deformable import Levels
-from vispe.models.detr.deformable_encoder import DeformableEncoder
-from vispe.models.detr.level_pos import DEFORMABLE_SINE, LevelPositions
-from vispe.models.detr.load_deformable import deformable_keys
-from vispe.models.detr.multiscale import InputProjection, MultiScaleResNet
+from vispe.models.detr.load.deformable_keys import deformable_keys
+from vispe.models.detr.neck.level_pos import DEFORMABLE_SINE, LevelPositions
+from vispe.models.detr.neck.multiscale import InputProjection, MultiScaleResNet
+from vispe.models.detr.transformer.deformable_encoder import DeformableEncoder
 
 D, HEADS = 64, 4
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from vispe.models.detr import create_detr
-from vispe.models.detr.deformable_queries import DeformableQueries
 from vispe.models.detr.mlp import MLP
+from vispe.models.detr.queries.deformable import DeformableQueries
 
 TINY = dict(backbone="small_cnn", backbone_widths=(4, 8, 8), d_model=32, nheads=2, enc_layers=1, dec_layers=2,
             dim_feedforward=32, num_queries=3, dropout=0.0, attention="deformable", num_feature_levels=2,

@@ -12,7 +12,7 @@ from transformers.models.deformable_detr.modeling_deformable_detr import (
 import vispe
 from vispe.coords import level_reference_points, points_at_levels, resize_mask, valid_ratios
 from vispe.kernels.deformable import Levels
-from vispe.models.detr.level_pos import DEFORMABLE_SINE, LevelPositions
+from vispe.models.detr.neck.level_pos import DEFORMABLE_SINE, LevelPositions
 from vispe.registry import build_in
 
 STRIDES = (8, 16, 32, 64)

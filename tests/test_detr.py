@@ -4,7 +4,7 @@ import torch
 
 import vispe
 from vispe.models.detr import SetCriterion, create_detr
-from vispe.models.detr.backbone import SmallCNN
+from vispe.models.detr.backbone.cnn import SmallCNN
 
 SMALL = dict(backbone="small_cnn", backbone_widths=(8, 16, 16, 32), d_model=32, nheads=4, enc_layers=1,
              dec_layers=2, dim_feedforward=64, num_queries=6, dropout=0.0)
@@ -43,7 +43,7 @@ def test_detr_table3_rows_build_and_run(row):
 def test_placement_equals_a_hand_written_detr_forward(pe_at, query_pos_at):
     """Where the code goes, checked against the layers called by hand with the positions placed explicitly."""
     from vispe.attention import PosContext
-    from vispe.models.detr.queries import LayerPositions
+    from vispe.models.detr.queries.positioned import LayerPositions
 
     model = small("sine", pe_at=pe_at, query_pos_at=query_pos_at)
     pl = model.placement

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from vispe.models.detr import create_detr
-from vispe.models.detr.vit_backbone import ViTBackbone
+from vispe.models.detr.backbone.vit import ViTBackbone
 from vispe.models.vit import create_vit
 
 SMALL = dict(d_model=32, nheads=4, enc_layers=1, dec_layers=1, dim_feedforward=64, num_queries=5, dropout=0.0)
@@ -127,7 +127,7 @@ def test_train_config_builds_vit_backbone():
 def test_small_cnn_refusals_give_each_option_its_reason():
     """issue 41, item 10: backbone_mask_aware=True was refused because small_cnn "is trained from
     scratch"; the reason is that it is mask-aware already."""
-    from vispe.models.detr.backbone import build_backbone
+    from vispe.models.detr.backbone.cnn import build_backbone
 
     for opt, value, why in (("mask_aware", True, "it is mask-aware already"),
                             ("weights", "w.pth", "no weights to load"),

@@ -19,7 +19,7 @@ def _load(name):
     return torch.load(DATA / f"{name}.pt", weights_only=True)
 
 
-#: configs whose meaning changed in issue 46 (vispe.models.detr.upgrade): create_detr(**config) builds today's
+#: configs whose meaning changed in issue 46 (vispe.models.detr.load.upgrade): create_detr(**config) builds today's
 CHANGED = ("deformable_dab",)
 
 
@@ -57,7 +57,7 @@ def test_a_run_folder_checkpoint_written_before_the_refactor_loads():
 
 
 def test_an_old_dab_deformable_config_builds_todays_dino_formulation_and_the_upgrade_the_old_one():
-    from vispe.models.detr.upgrade import upgrade_config
+    from vispe.models.detr.load.upgrade import upgrade_config
 
     saved = _load("deformable_dab")
     with pytest.raises(RuntimeError, match="tgt_embed"):

@@ -9,10 +9,10 @@ import torch
 
 import vispe
 from vispe.models.detr import create_detr
-from vispe.models.detr.designs import STRATEGIES, CrossSpec, Design, LayerSpec, build_design
-from vispe.models.detr.placement import Placement
-from vispe.models.detr.queries import DabQueries
-from vispe.models.detr.rules import DESIGNS_ONLY
+from vispe.models.detr.design.designs import STRATEGIES, CrossSpec, Design, LayerSpec, build_design
+from vispe.models.detr.design.placement import Placement
+from vispe.models.detr.design.rules import DESIGNS_ONLY
+from vispe.models.detr.queries.positioned import DabQueries
 
 TINY = dict(backbone="small_cnn", backbone_widths=(4, 8, 8, 16), d_model=16, nheads=2, enc_layers=1, dec_layers=2,
             dim_feedforward=16, num_queries=3, dropout=0.0)
@@ -337,7 +337,7 @@ def test_anchors_are_refined_between_layers_only(monkeypatch):
 
 def test_the_transformer_reset_leaves_an_attached_encoding_alone():
     """Xavier on every matrix of the transformer skips encodings inside it (RoPE-Mixed's frequencies)."""
-    from vispe.models.detr.transformer import Transformer
+    from vispe.models.detr.transformer.dense import Transformer
 
     t = Transformer(32, 4, 1, 2, 64)
     pe = vispe.registry.build_in("rope_mixed", dict(dim=32, num_heads=4, head_dim=8, num_prefix_tokens=0))
@@ -349,7 +349,8 @@ def test_the_transformer_reset_leaves_an_attached_encoding_alone():
 
 def test_dead_names_are_gone():
     from vispe.image._rotary import RotaryBase
-    from vispe.models.detr import queries, transformer
+    from vispe.models.detr.queries import positioned as queries
+    from vispe.models.detr.transformer import dense as transformer
 
     assert not hasattr(RotaryBase, "_extent")  # one valid-extent function: vispe.coords.valid_extent
     assert not hasattr(queries, "CROSS")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vispe.models.detr import create_detr
-from vispe.models.detr.queries import ExtraQueries
+from vispe.models.detr.queries.positioned import ExtraQueries
 
 DENSE = dict(backbone="small_cnn", backbone_widths=(4, 8, 8, 16), d_model=16, nheads=2, enc_layers=1, dec_layers=2,
              dim_feedforward=16, num_queries=3, dropout=0.0, decoder="dab")

@@ -9,7 +9,7 @@ import torch
 import vispe
 from vispe.attention import Attention, PosContext
 from vispe.models.detr import create_detr
-from vispe.models.detr.box_bias import BoxRPB
+from vispe.models.detr.transformer.box_bias import BoxRPB
 
 SMALL = dict(backbone="small_cnn", backbone_widths=(8, 16, 16, 32), d_model=32, nheads=4, enc_layers=1,
              dec_layers=2, dim_feedforward=64, num_queries=6, dropout=0.0,

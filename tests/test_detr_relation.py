@@ -1,4 +1,4 @@
-"""Relation-DETR's box-to-box relation (``vispe.models.detr.relation``): against a faithful copy of
+"""Relation-DETR's box-to-box relation (``vispe.models.detr.transformer.relation``): against a faithful copy of
 xiuqhou/Relation-DETR's ``box_rel_encoding`` + ``PositionRelationEmbedding`` element by element, the
 relative property, padded-batch invariance, and its place in the decoder (layers 1.. only, the
 previous layers' boxes, the one Attention's bias path)."""
@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from vispe.models.detr import create_detr
-from vispe.models.detr.relation import PositionRelation
+from vispe.models.detr.transformer.relation import PositionRelation
 
 SMALL = dict(backbone="small_cnn", backbone_widths=(8, 16, 16, 32), d_model=32, nheads=4, enc_layers=1,
              dec_layers=3, dim_feedforward=64, num_queries=6, dropout=0.0, decoder="dab", init="legacy")

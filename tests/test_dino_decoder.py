@@ -1,4 +1,4 @@
-"""DINO's query selection and decoder loop (vispe.models.detr.dn) against a faithful copy of
+"""DINO's query selection and decoder loop (vispe.models.detr.queries.dn) against a faithful copy of
 IDEA-Research/DINO (tests/_reference_dino.py): the same weights and the same seeded denoising draws
 through mixed query selection, the denoising groups, the decoder with look-forward-twice, the heads,
 dn_post_process and the denoising losses; outputs and gradients within 1e-5."""
@@ -11,8 +11,8 @@ from torch import nn
 
 from vispe.coords import points_at_levels, valid_ratios
 from vispe.kernels.deformable import Levels, swap_xy
-from vispe.models.detr.deformable_decoder import DeformableDecoderLayer, encoder_proposals
-from vispe.models.detr.dn import (
+from vispe.models.detr.load.deformable_keys import deformable_keys
+from vispe.models.detr.queries.dn import (
     DinoQueryPos,
     MixedQuerySelection,
     denoising_losses,
@@ -21,8 +21,8 @@ from vispe.models.detr.dn import (
     look_forward_twice,
     prepare_cdn,
 )
-from vispe.models.detr.load_deformable import deformable_keys
-from vispe.models.detr.queries import build_anchor_pe
+from vispe.models.detr.queries.positioned import build_anchor_pe
+from vispe.models.detr.transformer.deformable_decoder import DeformableDecoderLayer, encoder_proposals
 
 D, HEADS, FFN, POINTS, LAYERS, Q, K = 256, 8, 64, 2, 3, 10, 5  # D 256: the reference's sine has 128 per coordinate
 SHAPES = ((6, 8), (3, 4))

@@ -1,4 +1,4 @@
-"""DINO's denoising parts (vispe.models.detr.dn) against a faithful copy of IDEA-Research/DINO
+"""DINO's denoising parts (vispe.models.detr.queries.dn) against a faithful copy of IDEA-Research/DINO
 (tests/_reference_dino.py), on the same seeded draws, and their properties."""
 import _reference_dino as ref
 import pytest
@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torchvision.ops import box_convert
 
-from vispe.models.detr.dn import (
+from vispe.models.detr.queries.dn import (
     DinoQueryPos,
     denoising_losses,
     dn_attention_mask,
@@ -15,7 +15,7 @@ from vispe.models.detr.dn import (
     num_groups,
     prepare_cdn,
 )
-from vispe.models.detr.queries import build_anchor_pe
+from vispe.models.detr.queries.positioned import build_anchor_pe
 
 K, D, Q = 7, 32, 5
 

@@ -1,4 +1,4 @@
-"""``DinoDecoding`` (vispe.models.detr.dn.queries), DINO's query source and decoder loop as one module:
+"""``DinoDecoding`` (vispe.models.detr.queries.dn.queries), DINO's query source and decoder loop as one module:
 every parameter gets a gradient in training (DDP), eval reads no targets, the matching queries'
 outputs do not depend on the denoising groups, and the denoising losses weigh as their namesakes."""
 import pytest
@@ -7,10 +7,10 @@ from torch import nn
 
 from vispe.coords import points_at_levels
 from vispe.kernels.deformable import Levels, swap_xy
-from vispe.models.detr.deformable_decoder import DeformableDecoderLayer, encoder_proposals
-from vispe.models.detr.dn import DinoDecoding, denoising_losses, weighted_total
 from vispe.models.detr.mlp import MLP
-from vispe.models.detr.queries import build_anchor_pe
+from vispe.models.detr.queries.dn import DinoDecoding, denoising_losses, weighted_total
+from vispe.models.detr.queries.positioned import build_anchor_pe
+from vispe.models.detr.transformer.deformable_decoder import DeformableDecoderLayer, encoder_proposals
 
 D, K, Q, L = 32, 4, 6, 2
 SHAPES = ((4, 6), (2, 3))

@@ -116,7 +116,7 @@ def test_api_reference_has_a_page_for_every_public_module():
         parts = path.relative_to(ROOT).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         assert (name in modules) == (not any(p.startswith("_") and p != "__init__" for p in parts)), name
-    assert pages["vispe.encoding"] == ["vispe.encoding"] and "vispe.models.detr.queries" in pages["vispe.models.detr"]
+    assert pages["vispe.encoding"] == ["vispe.encoding"] and "vispe.models.detr.queries.positioned" in pages["vispe.models.detr.queries"]
 
 
 def test_docstrings_are_markdown_without_rst_tables():

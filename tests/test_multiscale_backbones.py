@@ -1,14 +1,14 @@
-"""Multi-scale backbone levels (vispe.models.detr.multiscale, vit_pyramid): strides, masks per level, the
+"""Multi-scale backbone levels (vispe.models.detr.neck.multiscale, vit_pyramid): strides, masks per level, the
 mask-aware GroupNorm, and batch invariance level by level (an image alone vs padded in a batch)."""
 import pytest
 import torch
 from torch import nn
 
 from vispe.coords import resize_mask
-from vispe.models.detr.backbone import SmallCNN
-from vispe.models.detr.multiscale import InputProjection, MultiScaleCNN, MultiScaleResNet, masked_group_norm
-from vispe.models.detr.vit_backbone import ViTBackbone
-from vispe.models.detr.vit_pyramid import SimpleFeaturePyramid
+from vispe.models.detr.backbone.cnn import SmallCNN
+from vispe.models.detr.backbone.vit import ViTBackbone
+from vispe.models.detr.backbone.vit_pyramid import SimpleFeaturePyramid
+from vispe.models.detr.neck.multiscale import InputProjection, MultiScaleCNN, MultiScaleResNet, masked_group_norm
 from vispe.models.vit import create_vit
 
 
@@ -112,7 +112,7 @@ def test_input_projection_levels_names_and_masks():
 
 
 def test_build_multiscale_backbone_levels_and_refusals():
-    from vispe.models.detr.multiscale import backbone_levels, build_multiscale_backbone as build
+    from vispe.models.detr.neck.multiscale import backbone_levels, build_multiscale_backbone as build
     assert [backbone_levels(n) for n in (1, 2, 3, 4, 5)] == [1, 2, 3, 3, 3]
     assert build("resnet18", 4).strides == [8, 16, 32] and build("resnet18", 1).strides == [32]
     assert build("small_cnn", 4, widths=(8, 8, 8, 8)).strides == [4, 8, 16]

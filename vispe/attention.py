@@ -21,7 +21,7 @@ are apart: ``ctx.pos`` (B|1, Lq, C) is added to the query input, ``memory_ctx.po
 to the key input, and ``memory_ctx``'s padding mask hides padded keys. Rotary and bias encodings
 need both sides on one grid, so a layer with ``pe`` refuses cross-attention.
 
-Positioned queries (Conditional DETR, DAB-DETR, ``vispe.models.detr.queries``) use three more
+Positioned queries (Conditional DETR, DAB-DETR, ``vispe.models.detr.queries.positioned``) use three more
 per-call inputs, each optional, on the same layer:
 
 * decoupled projections (``q_pos=True`` / ``k_pos=True``): ``q = W_q x + P_q pos`` and

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # DETR's Table 3 on the embedded shapes set, continued: positioned object queries (issue 25).
 # configs/shapes_detr_table3.yaml's budget (16 epochs, same model size, data, optimiser) with the query
-# designs of vispe.models.detr.designs; the positioned designs use their papers' focal loss weights
+# designs of vispe.models.detr.design.designs; the positioned designs use their papers' focal loss weights
 # (classification 2, matching cost 2). Two lanes of one-thread runs; finished points are skipped.
 #
 #   bash results/compare/run_detr_queries.sh                 # from the repository root

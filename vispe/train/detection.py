@@ -218,7 +218,7 @@ def absent_sizes(scores: dict[str, float], say=print) -> dict[str, float]:
 
 def _check_backbone_weights(cfg: DictConfig) -> None:
     """A ResNet backbone needs ``detr.backbone_weights``: a file, or ``random`` when asked for."""
-    from vispe.models.detr.backbone import RESNETS
+    from vispe.models.detr.backbone.cnn import RESNETS
 
     if cfg.detr.backbone in RESNETS and cfg.detr.backbone_weights is None:
         raise ValueError(

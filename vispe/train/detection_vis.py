@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torchvision.ops import box_convert
 
-from vispe.models.detr.postprocess import postprocess
+from vispe.models.detr.heads.postprocess import postprocess
 
 SCALE = 4.0  # magnification of small images
 TILE_PX = 384  # longest side of a tile's image in the picture, at most (large images are shrunk to it)

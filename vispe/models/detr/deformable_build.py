@@ -31,19 +31,17 @@ import torch
 from torch import nn
 
 from vispe import _checks
-from vispe.models.detr.backbone import RESNETS
-from vispe.models.detr.deformable_decoder import DeformableDecoderLayer
-from vispe.models.detr.deformable_encoder import DeformableEncoder
+from vispe.models.detr.backbone.cnn import RESNETS
 from vispe.models.detr.deformable_model import DeformableDecoder, DeformableDETR
-from vispe.models.detr.designs import CLASS_HEADS, fix_refpoints_xy
+from vispe.models.detr.design.designs import CLASS_HEADS, fix_refpoints_xy
+from vispe.models.detr.design.rules import check_heads, check_level_pe
 from vispe.models.detr.init import PRIOR_PROB, xavier_matrices
-from vispe.models.detr.level_pos import LevelPositions
-from vispe.models.detr.multiscale import InputProjection, build_multiscale_backbone
-from vispe.models.detr.relation import PositionRelation
-from vispe.models.detr.rules import check_heads, check_level_pe
+from vispe.models.detr.neck.level_pos import LEVEL_PES, LevelPositions
+from vispe.models.detr.neck.multiscale import InputProjection, build_multiscale_backbone
+from vispe.models.detr.transformer.deformable_decoder import DeformableDecoderLayer
+from vispe.models.detr.transformer.deformable_encoder import DeformableEncoder
+from vispe.models.detr.transformer.relation import PositionRelation
 from vispe.registry import build_in, get
-
-LEVEL_PES = ("learned", "none")
 
 
 def _points(n_points) -> tuple[int, int]:

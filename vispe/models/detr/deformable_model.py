@@ -3,7 +3,7 @@ and the positioned-query designs on top (``create_detr(attention="deformable", .
 
 Data flow (d = d_model, L levels, N tokens of all levels, Q queries, K classes)::
 
-    images, mask -> multi-scale backbone -> [(B, C_l, h_l, w_l), mask_l]   (vispe.models.detr.multiscale)
+    images, mask -> multi-scale backbone -> [(B, C_l, h_l, w_l), mask_l]   (vispe.models.detr.neck.multiscale)
       -> input_proj (1x1 conv + GroupNorm per level, extra 3x3 stride-2 levels) -> maps [(B, d, h_l, w_l)]
          [+ PEG per level, for a conditional encoding at the input]
       -> tokens (B, N, d); their code pos = concat_l [pe(level l, mask_l) + level_embed_l]   (level_pos)
@@ -37,15 +37,15 @@ from torch import nn
 
 from vispe.coords import points_at_levels, valid_ratios
 from vispe.kernels.deformable import Levels, swap_xy
-from vispe.models.detr._inputs import (
+from vispe.models.detr.backbone.inputs import (
     check_inputs as _check_inputs,
     eager_backbone as _eager_backbone,
     image_channels as _image_channels,
 )
-from vispe.models.detr.decode import decode_loop
-from vispe.models.detr.designs import Design
+from vispe.models.detr.design.designs import Design
+from vispe.models.detr.heads.outputs import outputs_dict, with_extra_queries
 from vispe.models.detr.mlp import MLP
-from vispe.models.detr.outputs import outputs_dict, with_extra_queries
+from vispe.models.detr.transformer.decode import decode_loop
 
 #: the paper's learning-rate factor of the sampling offsets and reference points (``lr_linear_proj_mult``)
 LINEAR_PROJ_MULT = 0.1
@@ -60,7 +60,7 @@ class DeformableDecoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.norm = norm
-        self.relation = None  # vispe.models.detr.relation.PositionRelation, set by the builder
+        self.relation = None  # vispe.models.detr.transformer.relation.PositionRelation, set by the builder
 
 
 class DeformableDETR(nn.Module):
@@ -142,7 +142,7 @@ class DeformableDETR(nn.Module):
         return out
 
     def decode(self, t, embed, memory, levels: Levels, pad, ratios, anchors, *, self_attn_mask=None):
-        """Every layer's output and the anchors its boxes add to (``vispe.models.detr.decode``).
+        """Every layer's output and the anchors its boxes add to (``vispe.models.detr.transformer.decode``).
         # [(B, Q, d)], [(B|1, Q, 2|4)]"""
         def run(layer, t, p, anchors, self_bias):
             reference = points_at_levels(swap_xy(anchors), ratios).to(t.dtype)  # (B, Q, L, 2|4) (y, x[, h, w])

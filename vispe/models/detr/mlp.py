@@ -1,12 +1,22 @@
-"""The small MLP every DETR-style detector uses (box head, reference-point heads, query scales)."""
+"""The small MLP every DETR-style detector uses (box head, reference-point heads, query scales), and the
+transformer layers' FFN with its activation by name (``ACTIVATIONS``, defined here only)."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from timm.layers import Mlp
 from torch import nn
+
+from vispe import _checks
 
 #: the transformers' FFN activation by name: DETR's and Deformable DETR's relu, DAB-DETR's prelu, gelu
 ACTIVATIONS = {"relu": nn.ReLU, "prelu": nn.PReLU, "gelu": nn.GELU}
+
+
+def ffn(d_model: int, dim_feedforward: int, dropout: float, activation: str = "relu") -> Mlp:
+    """Every transformer layer's FFN, dense or deformable (timm's ``Mlp``: ``fc1``, act, drop, ``fc2``, drop)."""
+    _checks.choice("activation", activation, tuple(ACTIVATIONS))
+    return Mlp(d_model, dim_feedforward, act_layer=ACTIVATIONS[activation], drop=dropout)
 
 
 class MLP(nn.Module):

@@ -13,7 +13,7 @@ Data flow (shapes for d = d_model, Q = num_queries, K = num_classes)::
       -> input_proj (1x1 conv) -> (B, d, h, w) [+ PEG]  -> tokens (B, h*w, d) [+ 2D code at the input]
       -> encoder (2D code on q/k, or rotary/bias inside attention; padded keys masked) -> memory
       -> decoder: queries (B, Q, d) placed by a query strategy (``decoder``: DETR's learned vectors,
-         Conditional DETR's reference points, DAB-DETR's anchor boxes; ``vispe.models.detr.queries``);
+         Conditional DETR's reference points, DAB-DETR's anchor boxes; ``vispe.models.detr.queries.positioned``);
          cross-attention keys carry the memory's 2D code (or are rotated, or biased by the anchors'
          boxes); padded keys masked
       -> pred_logits (B, Q, K + 1) (last = "no object"; with ``class_head="sigmoid"``, (B, Q, K) for
@@ -21,7 +21,7 @@ Data flow (shapes for d = d_model, Q = num_queries, K = num_classes)::
          valid (unpadded) size (plus the anchor's inverse sigmoid for positioned queries), and
          aux_outputs per decoder layer.
 
-Where position enters is ``pe_at`` / ``query_pos_at`` (``vispe.models.detr.placement``). Mask-free
+Where position enters is ``pe_at`` / ``query_pos_at`` (``vispe.models.detr.design.placement``). Mask-free
 batches (no padding anywhere) use the encodings' cached tables and unmasked attention.
 Parameter names follow DETR's (``input_proj``, ``query_embed``, ``class_embed``,
 ``bbox_embed.layers.N``); ``load_detr`` maps DETR's and transformers' checkpoints onto them.
@@ -33,22 +33,22 @@ from torch import nn
 
 from vispe import _checks
 from vispe.attention import PosContext
-from vispe.models.detr._inputs import (
+from vispe.models.detr.backbone.cnn import build_backbone
+from vispe.models.detr.backbone.inputs import (
     check_inputs as _check_inputs,
     eager_backbone as _eager_backbone,
     image_channels as _image_channels,
 )
-from vispe.models.detr.backbone import build_backbone
 from vispe.models.detr.deformable_build import build_deformable
-from vispe.models.detr.designs import CLASS_HEADS, Design, build_design, check_cross_rotary, fix_refpoints_xy
+from vispe.models.detr.design.designs import CLASS_HEADS, Design, build_design, check_cross_rotary, fix_refpoints_xy
+from vispe.models.detr.design.placement import parse_placement
+from vispe.models.detr.design.rules import check_used
+from vispe.models.detr.heads.outputs import outputs_dict, with_extra_queries
 from vispe.models.detr.init import papers_init
+from vispe.models.detr.load.upgrade import resolved_decoder_kwargs
 from vispe.models.detr.mlp import MLP
-from vispe.models.detr.outputs import outputs_dict, with_extra_queries
-from vispe.models.detr.placement import parse_placement
-from vispe.models.detr.relation import PositionRelation
-from vispe.models.detr.rules import check_used
-from vispe.models.detr.transformer import Transformer
-from vispe.models.detr.upgrade import resolved_decoder_kwargs
+from vispe.models.detr.transformer.dense import Transformer
+from vispe.models.detr.transformer.relation import PositionRelation
 from vispe.registry import build_in, get
 
 BoxHead = MLP  # DETR's box MLP (``bbox_embed.layers.N``)
@@ -57,8 +57,8 @@ BoxHead = MLP  # DETR's box MLP (``bbox_embed.layers.N``)
 class DETR(nn.Module):
     """Backbone -> projection -> transformer with any encoding -> class and box heads.
 
-    ``design`` (``vispe.models.detr.designs.Design``) is the query design: its strategy becomes
-    ``self.queries`` (``vispe.models.detr.queries``), its keys decide where the encodings go.
+    ``design`` (``vispe.models.detr.design.designs.Design``) is the query design: its strategy becomes
+    ``self.queries`` (``vispe.models.detr.queries.positioned``), its keys decide where the encodings go.
     ``class_head`` "softmax" (K + 1 logits, DETR) or "sigmoid" (K logits for the focal loss,
     Conditional/DAB-DETR). Input checks are the ViT's (``vispe._checks.images``): a ValueError for a
     non-float or empty batch, a mask of another shape or an image that is all padding.
@@ -68,7 +68,7 @@ class DETR(nn.Module):
     check_finite: bool = False
     #: let ``torch.compile`` trace the backbone too (opt-in). By default the backbone runs eagerly
     #: outside the graph, because Inductor fails on its convolutions at symbolic sizes (detection batches
-    #: change size at every step; ``vispe.models.detr._inputs.eager_backbone``); at one fixed input size
+    #: change size at every step; ``vispe.models.detr.backbone.inputs.eager_backbone``); at one fixed input size
     #: (``torch.compile(model, dynamic=False)``, batches padded to one size) it compiles
     #: (bench/compile_step.py, results/bench_compile.md)
     backbone_in_graph: bool = False
@@ -131,7 +131,7 @@ class DETR(nn.Module):
     # --- forward -----------------------------------------------------------------------------------
     def forward(self, images: torch.Tensor, mask: torch.Tensor | None = None, targets: list[dict] | None = None) -> dict:
         """Images (B, 3, H, W) and padding mask (B, H, W), True = padding -> DETR's output dict
-        (``vispe.models.detr.outputs``). ``targets`` (training only) go to the query strategy's
+        (``vispe.models.detr.heads.outputs``). ``targets`` (training only) go to the query strategy's
         ``extra_queries`` (denoising groups: ``dn_outputs``)."""
         mask = _check_inputs(images, mask, self.in_chans, self.check_finite)
         if self.backbone_in_graph:
@@ -194,13 +194,13 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
             "small_cnn" (mask-aware, for CPU-scale runs; ``backbone_widths``), or a vispe ViT:
             a preset name ("vit_pico", ...; ``backbone_kwargs`` go to ``create_vit``, plus
             ``layers``: sum of the last k blocks, default 1) or a module from
-            ``create_vit``/``convert_vit`` (``vispe.models.detr.vit_backbone``), or any module
+            ``create_vit``/``convert_vit`` (``vispe.models.detr.backbone.vit``), or any module
             with ``num_channels``, ``stride`` and ``forward(images, mask)``.
         backbone_mask_aware: ResNets only: zero the padded area after every normalisation, so
             padding does not leak into the features (off by default: DETR/transformers parity).
         pe: the encoding (any registered name).
         pe_kwargs: its settings.
-        pe_at: where position enters (``vispe.models.detr.placement``): a place ("none", "input",
+        pe_at: where position enters (``vispe.models.detr.design.placement``): a place ("none", "input",
             "attn") for encoder and decoder, or {"encoder": ..., "decoder": ..., "queries": ...}.
             DETR's default: "attn" everywhere.
         query_pos_at: where the learned query positions enter, a place as ``pe_at``.
@@ -222,13 +222,13 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
         dropout: DETR's dropout; ``attn_dropout`` on attention weights (default ``dropout``, as
             nn.MultiheadAttention).
         aux_loss: also return the outputs of every decoder layer (``aux_outputs``).
-        decoder: the query design ("detr", "conditional", "dab"; ``vispe.models.detr.designs``; default
+        decoder: the query design ("detr", "conditional", "dab"; ``vispe.models.detr.design.designs``; default
             "detr", or "deformable" with ``attention="deformable"``).
         decoder_kwargs: its options.
         box_bias: Plain-DETR's box bias ("boxrpb") or None.
         box_bias_kwargs: its options.
         query_relation: "relation" for Relation-DETR's box-to-box bias on the decoder's
-            self-attention (``vispe.models.detr.relation``; decoder="dab" with boxes).
+            self-attention (``vispe.models.detr.transformer.relation``; decoder="dab" with boxes).
         query_relation_kwargs: its options.
         class_head: "softmax" (K + 1) or "sigmoid" (K, focal loss); default by design.
         activation: the FFNs' "relu" (DETR, Conditional DETR), "prelu" (DAB-DETR) or "gelu".
@@ -237,7 +237,7 @@ def create_detr(num_classes: int, *, backbone: str | nn.Module = "resnet50", bac
         attention: the decoder's cross-attention operator: "dense" (this module's ``DETR``) or
             "deformable" (multi-scale deformable attention in encoder and decoder: Deformable DETR,
             ``vispe.models.detr.deformable_model``; designs ``decoder="deformable"`` or ``"dab"``, what
-            each option means there: ``vispe.models.detr.rules``), with
+            each option means there: ``vispe.models.detr.design.rules``), with
             ``num_feature_levels`` (4), ``n_points`` (4, or (encoder, decoder)) and ``level_pe``
             ("learned", the default, or "none"), ``backbone_levels`` (how many levels the backbone
             gives, the rest extra stride-2 convolutions; default min(L, 3))

@@ -1,6 +1,6 @@
 """AIFI, RT-DETR's attention-based intra-scale feature interaction: dense self-attention over the top level.
 
-One or more post-norm transformer encoder layers (``vispe.models.detr.transformer.EncoderLayer``:
+One or more post-norm transformer encoder layers (``vispe.models.detr.transformer.dense.EncoderLayer``:
 ``x = norm1(x + SelfAttn(q = k = x [+ pos], v = x)); x = norm2(x + FFN(x))``, GELU in transformers'
 RT-DETR) over the tokens of one feature map (B, C, h, w), which come back as a map. Because the
 attention is dense, any vispe encoding applies, chosen by name (``set_encoding``, also after a
@@ -33,7 +33,7 @@ from vispe import _checks
 from vispe.attention import PosContext
 from vispe.encoding import AdditiveEncoding, PositionEncoding
 from vispe.models.detr.realtime.sincos import LAYOUTS, aifi_sincos
-from vispe.models.detr.transformer import EncoderLayer
+from vispe.models.detr.transformer.dense import EncoderLayer
 from vispe.registry import build_in, get
 
 #: AIFI's default encoding: RT-DETR's sin-cos (``layout`` chooses transformers' or the original's order)

@@ -17,15 +17,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-ACTIVATIONS = {"silu": nn.SiLU, "relu": nn.ReLU, "gelu": nn.GELU, "leaky_relu": nn.LeakyReLU, "hardswish": nn.Hardswish}
+CONV_ACTIVATIONS = {"silu": nn.SiLU, "relu": nn.ReLU, "gelu": nn.GELU, "leaky_relu": nn.LeakyReLU, "hardswish": nn.Hardswish}
 
 
 def activation(name: str | None) -> nn.Module:
     if name is None:
         return nn.Identity()
-    if name not in ACTIVATIONS:
-        raise ValueError(f"activation={name!r}: expected one of {', '.join(map(repr, ACTIVATIONS))} or None")
-    return ACTIVATIONS[name]()
+    if name not in CONV_ACTIVATIONS:
+        raise ValueError(f"activation={name!r}: expected one of {', '.join(map(repr, CONV_ACTIVATIONS))} or None")
+    return CONV_ACTIVATIONS[name]()
 
 
 class ConvNorm(nn.Module):

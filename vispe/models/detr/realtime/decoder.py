@@ -13,7 +13,7 @@ scaled by the box's half size over the number of points). Boxes are the whole ma
 coordinates (RT-DETR does not rescale by valid ratios). The self-attention takes the denoising
 groups' mask. RT-DETRv2 (``v2={...}``): each layer's cross-attention is ``MSDeformAttnV2`` (per-level
 points, ``offset_scale``, ``method="discrete"``), the rest unchanged. Gradients: transformers' (each layer's box from the detached box before it);
-lyuwenyu's training adds look-forward-twice (``vispe.models.detr.dn.lookahead``), which changes the
+lyuwenyu's training adds look-forward-twice (``vispe.models.detr.queries.dn.lookahead``), which changes the
 gradients only, not the outputs.
 """
 from __future__ import annotations
@@ -24,9 +24,9 @@ import torch
 from torch import nn
 
 from vispe.kernels.deformable import Levels, swap_xy
-from vispe.models.detr.deformable_decoder import DeformableDecoderLayer
 from vispe.models.detr.mlp import MLP, inverse_sigmoid
 from vispe.models.detr.realtime.deform_v2 import MSDeformAttnV2
+from vispe.models.detr.transformer.deformable_decoder import DeformableDecoderLayer
 
 
 class RealtimeDecoder(nn.Module):

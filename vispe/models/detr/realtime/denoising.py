@@ -1,7 +1,7 @@
 """RT-DETR's contrastive denoising groups (DINO's idea, Zhang et al., ICLR 2023; RT-DETR's variant).
 
 As transformers' ``get_contrastive_denoising_training_group`` (and lyuwenyu's), which differs from
-DINO's ``prepare_for_cdn`` (``vispe.models.detr.dn.groups``) in three places: the group count is
+DINO's ``prepare_for_cdn`` (``vispe.models.detr.queries.dn.groups``) in three places: the group count is
 ``num_denoising // S`` (S = the largest box count of an image; at least 1), the noise is drawn over
 the padded (B, 2 G S) slots in one call each (so the same seed gives transformers' noise), and a
 padding slot holds the class ``num_classes`` (the embedding's ``padding_idx``, a zero vector) and a
@@ -13,7 +13,7 @@ Labels: each real slot's class is replaced with probability ``label_noise_ratio 
 class. Boxes: the corners move by ``u * (w/2, h/2, w/2, h/2) * box_noise_scale`` with a random
 sign, ``u`` in [0, 1) for positives, [1, 2) for negatives, are clamped to [0, 1] and become
 (cx, cy, w, h) logits (inverse sigmoid, eps 1e-5). The attention mask is DINO's
-(``vispe.models.detr.dn.mask``). Targets: one dict per image, "labels" (n,) and "boxes" (n, 4)
+(``vispe.models.detr.queries.dn.mask``). Targets: one dict per image, "labels" (n,) and "boxes" (n, 4)
 unit (cx, cy, w, h).
 """
 from __future__ import annotations
@@ -24,8 +24,8 @@ import torch
 from torch import nn
 from torchvision.ops import box_convert
 
-from vispe.models.detr.dn.mask import dn_attention_mask
 from vispe.models.detr.mlp import inverse_sigmoid
+from vispe.models.detr.queries.dn.mask import dn_attention_mask
 
 
 @dataclass

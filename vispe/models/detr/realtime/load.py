@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from vispe.models.detr.load_keys import rename_keys
+from vispe.models.detr.load.keys import rename_keys
 from vispe.models.detr.realtime.backbone import ResNetVd
 from vispe.models.detr.realtime.model import RTDETR
 
