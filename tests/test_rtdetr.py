@@ -10,6 +10,7 @@ from transformers import RTDetrConfig, RTDetrForObjectDetection
 
 from vispe.models.detr import load_detr
 from vispe.models.detr.realtime import RTDETR, load_rtdetr
+from vispe.models.detr.realtime.criterion import RealtimeCriterion
 
 ATOL = 1e-4
 
@@ -106,6 +107,20 @@ def test_training_with_denoising_equals_transformers_seeded_alike():
         errs[f"dn{i}_boxes"] = diff(dn["pred_boxes"], want.intermediate_reference_points[:, i, :P])
     print("\nRT-DETR training with denoising: max abs diff " + ", ".join(f"{k} {v:.1e}" for k, v in errs.items()))
     assert max(errs.values()) < ATOL, errs
+    # the loss: VFL + L1 + GIoU on every layer, the encoder's top-k and the denoising groups (transformers' RTDetrLoss)
+    losses = RealtimeCriterion(5)(got, [{"labels": c, "boxes": b} for c, b in zip(labels, boxes)])
+    L = len(got["aux_outputs"])
+    names = {"loss_vfl": "loss_ce", **{f"{t}_aux_{i}": f"{t.replace('vfl', 'ce')}_{i}" for t in ("loss_vfl", "loss_bbox", "loss_giou")
+                                       for i in range(L)}}
+    names.update({f"{t}_aux_{L}": f"{t.replace('vfl', 'ce')}_enc" for t in ("loss_vfl", "loss_bbox", "loss_giou")})
+    weights = {"loss_vfl": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0}
+    for k, v in want.loss_dict.items():
+        ours = losses[names.get(k, k.replace("loss_vfl", "loss_ce"))]
+        w = weights[next(t for t in weights if k.startswith(t))]
+        torch.testing.assert_close(ours * w, v, rtol=0, atol=ATOL, msg=k)
+    assert len(want.loss_dict) == len(losses) - 1 == 3 * (L + 2 + len(got["dn_outputs"]))
+    print(f"RT-DETR loss: vispe {losses['loss'].item():.6f}, transformers {want.loss.item():.6f}")
+    torch.testing.assert_close(losses["loss"], want.loss, rtol=0, atol=ATOL)
 
 
 def test_loader_refuses_what_it_does_not_build():
