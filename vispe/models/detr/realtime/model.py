@@ -76,12 +76,27 @@ class RTDETR(nn.Module):
         self.num_classes, self.num_queries = num_classes, num_queries
         self.num_denoising, self.label_noise_ratio, self.box_noise_scale = num_denoising, label_noise_ratio, box_noise_scale
 
+    @property
+    def stride(self) -> int:
+        """The backbone's coarsest stride (images are padded to a multiple of it)."""
+        return int(getattr(self.backbone, "stride", None) or max(getattr(self.backbone, "strides", [32])))
+
+    def param_groups(self, lr: float, lr_backbone: float, weight_decay: float) -> list[dict]:
+        """The backbone at ``lr_backbone``, the rest at ``lr`` (train.py's detection task)."""
+        groups: dict[str, list] = {"backbone": [], "rest": []}
+        for n, p in self.named_parameters():
+            if p.requires_grad:
+                groups["backbone" if n.startswith("backbone.") else "rest"].append(p)
+        lrs = {"rest": lr, "backbone": lr_backbone}
+        return [{"params": groups[k], "lr": lrs[k], "weight_decay": weight_decay} for k in lrs if groups[k]]
+
     def set_encoding(self, name: str, **kwargs: Any) -> None:
         """AIFI's encoding by name (``vispe.models.detr.realtime.aifi``), e.g. "rope_mixed" or "relbias"."""
         self.encoder.set_encoding(name, **kwargs)
 
     def forward(self, images: torch.Tensor, mask: torch.Tensor | None = None, targets: list[dict] | None = None) -> dict:
-        maps = self.encoder(self.backbone(images), mask)  # [(B, enc_dim, h_l, w_l)] finest first
+        feats = self.backbone(images, mask) if getattr(self.backbone, "takes_mask", False) else self.backbone(images)
+        maps = self.encoder(feats, mask)  # [(B, enc_dim, h_l, w_l)] finest first
         srcs = [proj(m) for proj, m in zip(self.decoder_input_proj, maps)]
         for proj in list(self.decoder_input_proj)[len(maps):]:  # extra levels, each from the coarsest map (transformers)
             srcs.append(proj(maps[-1]))
@@ -104,6 +119,7 @@ class RTDETR(nn.Module):
             "aux_outputs": [{"pred_logits": logits[:, i, P:], "pred_boxes": boxes[:, i, P:]}
                             for i in range(logits.shape[1] - 1)],
             "enc_outputs": {"pred_logits": sel.enc_logits, "pred_boxes": sel.enc_boxes},
+            "class_head": "sigmoid",
         }
         if groups is not None:
             out["dn_outputs"] = [{"pred_logits": logits[:, i, :P], "pred_boxes": boxes[:, i, :P]}
