@@ -49,3 +49,22 @@ def test_the_encoding_is_swapped_by_config_and_unread_keys_are_refused():
     assert {layer.self_attn.pe.family for layer in model.encoder.aifi[0].layers} == {"rotary"}
     with pytest.raises(ValueError, match="detr.box_bias"):
         task_and_model(["detr.box_bias=boxrpb"])
+
+
+def test_coco_config_builds_rtdetr_r50vd_and_timm_resnet50d_weights_load(tmp_path):
+    import timm
+
+    from vispe.models.detr.realtime.train import build_for_task
+    cfg = C.load_config(ROOT / "configs/coco_rtdetr.yaml", ["detr.backbone_weights=random"])
+    model, _ = build_for_task(cfg, 80)
+    assert model.backbone.channels == [512, 1024, 2048] and model.num_queries == 300
+    timm_r50d = timm.create_model("resnet50d", pretrained=False).eval()
+    path = tmp_path / "resnet50d.pth"
+    torch.save(timm_r50d.state_dict(), path)
+    cfg = C.load_config(ROOT / "configs/coco_rtdetr.yaml", [f"detr.backbone_weights={path}", "detr.dec_layers=1"])
+    model, _ = build_for_task(cfg, 80)
+    x = torch.randn(1, 3, 64, 96)
+    with torch.no_grad():
+        want = timm_r50d.forward_features(x)
+        got = model.backbone.eval()(x)[-1]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)

@@ -3,7 +3,8 @@
 Config keys read (``configs/shapes_rtdetr.yaml``): ``model.pe`` / ``model.pe_kwargs`` (AIFI's encoding, any
 registered name; RT-DETR's own sin-cos is ``sincos2d``, transformers' layout, ``mask_aware: true`` to count
 positions over each image's valid area), ``detr.backbone`` (``small_cnn``, the mask-aware CNN, its last
-``num_feature_levels`` stages), ``detr.backbone_widths``, ``detr.num_queries`` (300), ``detr.d_model``,
+``num_feature_levels`` stages; or ``resnet50d`` / ``resnet101d``, RT-DETR's ResNet-vd as timm's, with
+``detr.backbone_weights`` a local timm state_dict file or ``random``), ``detr.backbone_widths``, ``detr.num_queries`` (300), ``detr.d_model``,
 ``detr.nheads`` (AIFI and decoder), ``detr.enc_layers`` (AIFI's layers, 1), ``detr.dec_layers``,
 ``detr.dim_feedforward`` (1024), ``detr.dropout``, ``detr.num_feature_levels`` (3), ``detr.n_points`` (4),
 ``detr.grid`` (given to encodings with a grid-sized table, e.g. ``relbias``), ``detr.decoder_kwargs``
@@ -23,10 +24,13 @@ from torch import nn
 
 from vispe.models.detr.backbone.cnn import SmallCNN
 from vispe.models.detr.heads.matcher import HungarianMatcher
+from vispe.models.detr.realtime.backbone import ResNetVd
 from vispe.models.detr.realtime.criterion import RealtimeCriterion
 from vispe.models.detr.realtime.model import RTDETR
 
-READ = ("backbone", "backbone_widths", "num_queries", "d_model", "nheads", "enc_layers", "dec_layers", "dim_feedforward",
+#: RT-DETR's ResNet-vd backbones by name: stage depths (timm's resnet50d / resnet101d)
+RESNET_VD = {"resnet50d": (3, 4, 6, 3), "resnet101d": (3, 4, 23, 3)}
+READ = ("backbone", "backbone_weights", "backbone_widths", "num_queries", "d_model", "nheads", "enc_layers", "dec_layers", "dim_feedforward",
         "dropout", "num_feature_levels", "n_points", "grid", "decoder", "decoder_kwargs", "aux_loss")
 LOSS_KWARGS = ("vfl_alpha", "vfl_gamma")
 
@@ -52,6 +56,17 @@ class CNNLevels(nn.Module):
         return [f for f, _ in self.cnn.forward_levels(images, mask)[-self.num_levels:]]
 
 
+def load_resnet_vd(backbone: ResNetVd, path: str) -> None:
+    """A timm ``resnet50d`` / ``resnet101d`` state_dict file (its classifier ``fc`` dropped) into ``backbone``."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = state.get("state_dict", state.get("model", state)) if isinstance(state, dict) else state
+    state = {k: v for k, v in state.items() if not k.startswith("fc.")}
+    missing, unexpected = backbone.body.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"detr.backbone_weights={path!r} does not fit the ResNet-vd: missing {missing[:4]}, "
+                         f"unexpected {unexpected[:4]}")
+
+
 def build_for_task(cfg: DictConfig, num_classes: int) -> tuple[RTDETR, RealtimeCriterion]:
     """(model, criterion) of a train.py config with ``detr.decoder=rtdetr`` (module docstring)."""
     from vispe.train.schema import DetrModelConfig
@@ -64,17 +79,24 @@ def build_for_task(cfg: DictConfig, num_classes: int) -> tuple[RTDETR, RealtimeC
     if changed:
         raise ValueError(f"config keys {', '.join('detr.' + k for k in changed)} with detr.decoder=rtdetr: RT-DETR does "
                          "not read them (its own options go in detr.decoder_kwargs)")
-    if d["backbone"] != "small_cnn":
-        raise ValueError(f"detr.backbone={d['backbone']!r} with detr.decoder=rtdetr: train.py builds RT-DETR on "
-                         "'small_cnn' (load_detr takes transformers' RT-DETR with its ResNet-vd)")
     kw: dict[str, Any] = dict(d.get("decoder_kwargs") or {})
     loss_kw = {k[4:]: kw.pop(k) for k in LOSS_KWARGS if k in kw}
     levels = d["num_feature_levels"] or 3
     widths = tuple(d["backbone_widths"] or (32, 64, 128, 256))
+    backbone: nn.Module
+    if d["backbone"] in RESNET_VD:
+        backbone = ResNetVd(RESNET_VD[d["backbone"]], out_indices=(2, 3, 4))
+        if d.get("backbone_weights") not in (None, "random"):
+            load_resnet_vd(backbone, d["backbone_weights"])
+    elif d["backbone"] == "small_cnn":
+        backbone = CNNLevels(widths, levels)
+    else:
+        raise ValueError(f"detr.backbone={d['backbone']!r} with detr.decoder=rtdetr: expected 'small_cnn' or one of "
+                         f"{', '.join(map(repr, RESNET_VD))} (timm's ResNet-vd, RT-DETR's PResNet)")
     pe_kwargs = dict(cfg.model.pe_kwargs)
     if d["grid"] is not None:
         pe_kwargs.setdefault("grid", tuple(d["grid"]))
-    model = RTDETR(CNNLevels(widths, levels), num_classes, num_queries=d["num_queries"] or 300, d_model=d["d_model"],
+    model = RTDETR(backbone, num_classes, num_queries=d["num_queries"] or 300, d_model=d["d_model"],
                    encoder_dim=d["d_model"], aifi_heads=d["nheads"], aifi_layers=d["enc_layers"],
                    decoder_layers=d["dec_layers"], decoder_heads=d["nheads"],
                    decoder_ffn=d["dim_feedforward"] or 1024, dropout=d["dropout"], num_levels=levels,
