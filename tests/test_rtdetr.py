@@ -36,7 +36,7 @@ def diff(a, b):
     return (a - b).abs().max().item()
 
 
-def check_eval(ours, hf, x, name):
+def check_eval(ours, hf, x, name, num_aux=2):
     with torch.no_grad():
         want, got = hf(pixel_values=x), ours.eval()(x)
     assert want.logits.abs().max() > 0.5 and want.pred_boxes.std(1).min() > 1e-3  # queries differ
@@ -47,7 +47,7 @@ def check_eval(ours, hf, x, name):
     errs["enc_logits"] = diff(got["enc_outputs"]["pred_logits"], want.enc_topk_logits)
     errs["enc_boxes"] = diff(got["enc_outputs"]["pred_boxes"], want.enc_topk_bboxes)
     print(f"\nRT-DETR parity ({name}, {tuple(x.shape)}): max abs diff " + ", ".join(f"{k} {v:.1e}" for k, v in errs.items()))
-    assert len(got["aux_outputs"]) == want.intermediate_logits.shape[1] - 1 == 2
+    assert len(got["aux_outputs"]) == want.intermediate_logits.shape[1] - 1 == num_aux
     assert max(errs.values()) < ATOL, errs
 
 

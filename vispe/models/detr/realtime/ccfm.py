@@ -32,10 +32,10 @@ class ConvNorm(nn.Module):
     """Conv (no bias) + BatchNorm + activation."""
 
     def __init__(self, cin: int, cout: int, kernel: int, stride: int = 1, padding: int | None = None,
-                 act: str | None = None, eps: float = 1e-5) -> None:
+                 act: str | None = None, eps: float = 1e-5, groups: int = 1) -> None:
         super().__init__()
         pad = (kernel - 1) // 2 if padding is None else padding
-        self.conv = nn.Conv2d(cin, cout, kernel, stride, padding=pad, bias=False)
+        self.conv = nn.Conv2d(cin, cout, kernel, stride, padding=pad, bias=False, groups=groups)
         self.norm = nn.BatchNorm2d(cout, eps=eps)
         self.act = activation(act)
 

@@ -14,7 +14,8 @@ names (``sampling_offsets``, ``attention_weights``, ``value_proj``, ``output_pro
 Bilinear sampling runs through ``vispe.kernels.deformable.ms_deform_attn``, levels with fewer points
 padded with zero-weight points. Called as ``MSDeformAttn``: ``(query, reference (B, Q, L, 4) boxes
 (cy, cx, h, w), value, levels, key_padding_mask, query_pos=...)``; the box is read from the first level
-(RT-DETR's reference is the same box at every level).
+(RT-DETR's reference is the same box at every level). ``projections=False``: no ``value_proj`` /
+``output_proj`` (D-FINE's operator, whose value is the memory itself).
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ METHODS = ("default", "discrete")
 
 class MSDeformAttnV2(nn.Module):
     def __init__(self, d_model: int = 256, num_heads: int = 8, num_levels: int = 3,
-                 num_points: int | Sequence[int] = 4, *, offset_scale: float = 0.5, method: str = "default") -> None:
+                 num_points: int | Sequence[int] = 4, *, offset_scale: float = 0.5, method: str = "default",
+                 projections: bool = True) -> None:
         super().__init__()
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model}: expected a multiple of num_heads={num_heads}")
@@ -45,8 +47,9 @@ class MSDeformAttnV2(nn.Module):
         S = sum(points)
         self.sampling_offsets = nn.Linear(d_model, num_heads * S * 2)
         self.attention_weights = nn.Linear(d_model, num_heads * S)
-        self.value_proj = nn.Linear(d_model, d_model)
-        self.output_proj = nn.Linear(d_model, d_model)
+        # D-FINE's operator has no value / output projections (projections=False)
+        self.value_proj: nn.Module = nn.Linear(d_model, d_model) if projections else nn.Identity()
+        self.output_proj: nn.Module = nn.Linear(d_model, d_model) if projections else nn.Identity()
         self.register_buffer("point_scale", torch.tensor([1.0 / p for p in points for _ in range(p)]), persistent=False)
         self.reset_parameters()
 
@@ -63,8 +66,9 @@ class MSDeformAttnV2(nn.Module):
         nn.init.zeros_(self.attention_weights.weight)
         nn.init.zeros_(self.attention_weights.bias)
         for lin in (self.value_proj, self.output_proj):
-            nn.init.xavier_uniform_(lin.weight)
-            nn.init.zeros_(lin.bias)
+            if isinstance(lin, nn.Linear):
+                nn.init.xavier_uniform_(lin.weight)
+                nn.init.zeros_(lin.bias)
 
     def forward(self, query: torch.Tensor, reference: torch.Tensor, value: torch.Tensor, levels: Levels,
                 key_padding_mask: torch.Tensor | None = None, *, query_pos: torch.Tensor | None = None) -> torch.Tensor:

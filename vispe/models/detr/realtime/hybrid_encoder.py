@@ -2,7 +2,8 @@
 
     backbone maps [(B, c_l, h_l, w_l)] -> input_proj (1x1 conv + BN) -> (B, dim, h_l, w_l)
     -> AIFI (``vispe.models.detr.realtime.aifi``) on the levels in ``aifi_levels`` (RT-DETR: the last)
-    -> CCFM (``vispe.models.detr.realtime.ccfm``) -> fused maps, finest first
+    -> CCFM (``vispe.models.detr.realtime.ccfm``; D-FINE's blocks with ``fusion="dfine"``,
+       ``vispe.models.detr.realtime.dfine_neck``) -> fused maps, finest first
 
 transformers keeps the projections in ``RTDetrModel.encoder_input_proj`` and the rest in
 ``RTDetrHybridEncoder``; here they are one module (``input_proj``, ``aifi``, ``ccfm``).
@@ -15,16 +16,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from vispe import _checks
 from vispe.coords import resize_mask
 from vispe.models.detr.realtime.aifi import AIFI, SINCOS
 from vispe.models.detr.realtime.ccfm import CCFM
+from vispe.models.detr.realtime.dfine_neck import DFineCCFM
 
 
 class HybridEncoder(nn.Module):
     def __init__(self, in_channels: Sequence[int], dim: int = 256, *, aifi_levels: Sequence[int] = (2,),
                  num_heads: int = 8, ffn_dim: int = 1024, aifi_layers: int = 1, dropout: float = 0.0,
                  aifi_activation: str = "gelu", ccfm_activation: str | None = "silu", expansion: float = 1.0,
-                 csp_blocks: int = 3, eps: float = 1e-5, pe: str = SINCOS, pe_kwargs: dict[str, Any] | None = None) -> None:
+                 csp_blocks: int = 3, eps: float = 1e-5, pe: str = SINCOS, pe_kwargs: dict[str, Any] | None = None,
+                 fusion: str = "rtdetr") -> None:
         super().__init__()
         self.in_channels = tuple(int(c) for c in in_channels)
         n = len(self.in_channels)
@@ -36,7 +40,8 @@ class HybridEncoder(nn.Module):
             nn.Sequential(nn.Conv2d(c, dim, 1, bias=False), nn.BatchNorm2d(dim)) for c in self.in_channels)  # eps 1e-5 as transformers
         self.aifi = nn.ModuleList(AIFI(dim, num_heads, ffn_dim, aifi_layers, dropout=dropout, activation=aifi_activation,
                                        pe=pe, pe_kwargs=pe_kwargs) for _ in self.aifi_levels)
-        self.ccfm = CCFM(dim, n, num_blocks=csp_blocks, expansion=expansion, act=ccfm_activation, eps=eps)
+        fuse = {"rtdetr": CCFM, "dfine": DFineCCFM}[_checks.choice("fusion", fusion, ("rtdetr", "dfine"))]
+        self.ccfm = fuse(dim, n, num_blocks=csp_blocks, expansion=expansion, act=ccfm_activation, eps=eps)
 
     def set_encoding(self, name: str, **kwargs: Any) -> None:
         """Swap every AIFI's encoding (``AIFI.set_encoding``)."""

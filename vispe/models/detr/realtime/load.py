@@ -29,9 +29,10 @@ import torch
 
 from vispe.models.detr.load.keys import rename_keys
 from vispe.models.detr.realtime.backbone import ResNetVd
+from vispe.models.detr.realtime.hgnetv2 import TransformersBackbone
 from vispe.models.detr.realtime.model import RTDETR
 
-MODEL_TYPES = ("rt_detr", "rt_detr_v2")
+MODEL_TYPES = ("rt_detr", "rt_detr_v2", "d_fine")
 
 _BACKBONE = [
     (r"^model\.backbone\.model\.embedder\.embedder\.0\.convolution\.", "backbone.body.conv1.0."),
@@ -87,6 +88,8 @@ def rtdetr_kwargs(config) -> dict[str, Any]:
     if any(ch != c.encoder_hidden_dim for ch in c.decoder_in_channels):
         raise ValueError(f"config.decoder_in_channels={list(c.decoder_in_channels)}: expected every level at "
                          f"encoder_hidden_dim={c.encoder_hidden_dim} (the hybrid encoder's outputs)")
+    if c.model_type == "d_fine":
+        return dfine_kwargs(c)
     b = c.backbone_config
     if getattr(b, "model_type", None) != "rt_detr_resnet" or b.layer_type != "bottleneck" or \
             b.downsample_in_bottleneck or b.downsample_in_first_stage or b.hidden_act != "relu":
@@ -117,7 +120,39 @@ def rtdetr_kwargs(config) -> dict[str, Any]:
     )
 
 
-def rename(state: dict) -> dict:
+def dfine_kwargs(c) -> dict[str, Any]:
+    """``RTDETR``'s arguments for a ``DFineConfig`` (its backbone: transformers' own, ``hgnetv2``)."""
+    eval_idx = c.eval_idx if c.eval_idx >= 0 else c.decoder_layers + c.eval_idx
+    if eval_idx != c.decoder_layers - 1 or c.layer_scale != 1:
+        raise ValueError(f"config.eval_idx={c.eval_idx}, layer_scale={c.layer_scale}: vispe's D-FINE evaluates the last "
+                         "decoder layer (eval_idx=-1) and builds no scaled extra layers (layer_scale=1)")
+    if c.decoder_activation_function != "relu" or c.num_feature_levels != len(c.encoder_in_channels):
+        raise ValueError(f"config.decoder_activation_function={c.decoder_activation_function!r}, num_feature_levels="
+                         f"{c.num_feature_levels}: expected 'relu' and the backbone's {len(c.encoder_in_channels)} levels")
+    dfine = dict(offset_scale=float(c.decoder_offset_scale), method=c.decoder_method, num_bins=c.max_num_bins,
+                 reg_scale=float(c.reg_scale), up=float(c.up), lqe_top=c.top_prob_values, lqe_hidden=c.lqe_hidden_dim,
+                 lqe_layers=c.lqe_layers)
+    return dict(
+        backbone=None, dfine=dfine, num_classes=c.num_labels, num_queries=c.num_queries, d_model=c.d_model,
+        encoder_dim=c.encoder_hidden_dim, aifi_levels=tuple(c.encode_proj_layers), aifi_heads=c.encoder_attention_heads,
+        aifi_ffn=c.encoder_ffn_dim, aifi_layers=c.encoder_layers, aifi_activation=c.encoder_activation_function,
+        ccfm_activation=c.activation_function, expansion=c.hidden_expansion, csp_blocks=round(3 * c.depth_mult),
+        num_levels=c.num_feature_levels, decoder_layers=c.decoder_layers, decoder_heads=c.decoder_attention_heads,
+        decoder_ffn=c.decoder_ffn_dim, num_points=c.decoder_n_points, dropout=c.dropout, num_denoising=c.num_denoising,
+        label_noise_ratio=c.label_noise_ratio, box_noise_scale=c.box_noise_scale, learn_initial_query=c.learn_initial_query,
+        layer_norm_eps=c.layer_norm_eps, batch_norm_eps=c.batch_norm_eps,
+        pe_kwargs={"layout": "transformers", "temperature": float(c.positional_encoding_temperature)},
+    )
+
+
+_DFINE = [
+    (r"^model\.backbone\.model\.", "backbone.model."),
+    (r"^(model\.encoder\.aifi\.\d+\.layers\.\d+\.mlp)\.layers\.0\.", r"\1.fc1."),
+    (r"^(model\.encoder\.aifi\.\d+\.layers\.\d+\.mlp)\.layers\.1\.", r"\1.fc2."),
+]
+
+
+def rename(state: dict, model_type: str = "rt_detr") -> dict:
     """transformers' RT-DETR / RT-DETRv2 keys -> vispe's (q, k, v projections fused into ``qkv``). RT-DETRv2's
     top-level ``class_embed`` / ``bbox_embed`` (tied copies of the decoder's) are checked equal and dropped, its
     ``n_points_scale`` buffers checked against ``1 / P``."""
@@ -127,11 +162,14 @@ def rename(state: dict) -> dict:
         if twin not in state or not torch.equal(state[twin], state[key]):
             raise ValueError(f"source has {key} without an equal {twin}: expected the decoder's heads and their tied copies")
         del state[key]
-    for key in [k for k in state if k.endswith("encoder_attn.n_points_scale")]:
+    for key in [k for k in state if k.endswith(("encoder_attn.n_points_scale", "encoder_attn.num_points_scale"))]:
         scale = state.pop(key)
         n = 1.0 / scale
         if not torch.allclose(n, n.round()) or not torch.allclose(n, n[:1].expand_as(n)):
             raise ValueError(f"{key}={scale.tolist()}: expected 1 / num_points, the same count at every level")
+    if model_type == "d_fine":  # the decoder layers keep transformers' names; the rest as RT-DETR's
+        renamed, _ = rename_keys(state, _DFINE + [r for r in _REST if "decoder\\.layers" not in r[0]])
+        return renamed
     renamed, _ = rename_keys(state, _BACKBONE + _REST)
     return renamed
 
@@ -151,8 +189,11 @@ def load_rtdetr(source, config=None, **overrides) -> RTDETR:
     if getattr(config, "model_type", None) not in MODEL_TYPES:
         raise ValueError(f"config.model_type={getattr(config, 'model_type', None)!r}: expected one of {MODEL_TYPES}")
     kwargs = {**rtdetr_kwargs(config), **overrides}
-    model = RTDETR(ResNetVd(**kwargs.pop("backbone")), **kwargs)
-    state = rename(state)
+    spec = kwargs.pop("backbone")
+    backbone = TransformersBackbone(config, frozen_bn=bool(config.freeze_backbone_batch_norms)) if spec is None \
+        else ResNetVd(**spec)
+    model = RTDETR(backbone, **kwargs)
+    state = rename(state, config.model_type)
     own = {k: v for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
     missing = sorted(set(own) - set(state))
     unused = sorted(set(state) - set(own))

@@ -12,7 +12,10 @@ The one detector's stages with RT-DETR's choice at each::
     heads      per layer ``class_embed`` (sigmoid classes), ``bbox_embed`` (box refinement)
 
 RT-DETRv2 is the same model with ``v2={"num_points": int | [per level], "offset_scale": 0.5,
-"method": "default" | "discrete"}``: the decoder's cross-attention becomes ``MSDeformAttnV2``.
+"method": "default" | "discrete"}``: the decoder's cross-attention becomes ``MSDeformAttnV2``. D-FINE is
+``dfine={...}`` (``DFineDecoder``'s options: ``num_bins``, ``reg_scale``, ``up``, ``offset_scale``, ``method``,
+``lqe_*``): D-FINE's fusion blocks (``dfine_neck``) and its FDR / LQE decoder (``dfine_decoder``); in
+training its outputs have the pre-box head's at the front of ``aux_outputs``.
 
 Output (dict): "pred_logits" (B, Q, K), "pred_boxes" (B, Q, 4) unit (cx, cy, w, h) from the last layer;
 "aux_outputs" the same for the layers before; "enc_outputs" the selected encoder proposals; in
@@ -32,6 +35,7 @@ from vispe.kernels.deformable import Levels
 from vispe.models.detr.realtime.aifi import SINCOS
 from vispe.models.detr.realtime.decoder import RealtimeDecoder
 from vispe.models.detr.realtime.denoising import denoising_groups
+from vispe.models.detr.realtime.dfine_decoder import DFineDecoder
 from vispe.models.detr.realtime.hybrid_encoder import HybridEncoder
 from vispe.models.detr.realtime.selection import QuerySelection
 
@@ -45,7 +49,7 @@ class RTDETR(nn.Module):
                  dropout: float = 0.0, num_denoising: int = 100, label_noise_ratio: float = 0.5,
                  box_noise_scale: float = 1.0, learn_initial_query: bool = False, layer_norm_eps: float = 1e-5,
                  batch_norm_eps: float = 1e-5, pe: str = SINCOS, pe_kwargs: dict[str, Any] | None = None,
-                 v2: dict[str, Any] | None = None) -> None:
+                 v2: dict[str, Any] | None = None, dfine: dict[str, Any] | None = None) -> None:
         super().__init__()
         channels = list(getattr(backbone, "channels", []))
         if not channels:
@@ -58,9 +62,13 @@ class RTDETR(nn.Module):
                                      ffn_dim=aifi_ffn, aifi_layers=aifi_layers, dropout=dropout,
                                      aifi_activation=aifi_activation, ccfm_activation=ccfm_activation,
                                      expansion=expansion, csp_blocks=csp_blocks, eps=batch_norm_eps, pe=pe,
-                                     pe_kwargs=pe_kwargs)
-        projs = [nn.Sequential(nn.Conv2d(encoder_dim, d_model, 1, bias=False), nn.BatchNorm2d(d_model, eps=batch_norm_eps))
-                 for _ in channels]
+                                     pe_kwargs=pe_kwargs, fusion="dfine" if dfine is not None else "rtdetr")
+        if dfine is not None and num_levels != len(channels):
+            raise ValueError(f"num_levels={num_levels} with dfine: vispe's D-FINE uses the backbone's {len(channels)} levels")
+        projs: list[nn.Module] = [
+            nn.Identity() if dfine is not None and d_model == encoder_dim else
+            nn.Sequential(nn.Conv2d(encoder_dim, d_model, 1, bias=False), nn.BatchNorm2d(d_model, eps=batch_norm_eps))
+            for _ in channels]
         cin = encoder_dim
         for _ in range(num_levels - len(channels)):
             projs.append(nn.Sequential(nn.Conv2d(cin, d_model, 3, 2, 1, bias=False), nn.BatchNorm2d(d_model, eps=batch_norm_eps)))
@@ -70,9 +78,14 @@ class RTDETR(nn.Module):
                                         eps=layer_norm_eps)
         self.denoising_class_embed = nn.Embedding(num_classes + 1, d_model, padding_idx=num_classes) \
             if num_denoising > 0 else None
-        self.decoder = RealtimeDecoder(d_model, decoder_heads, decoder_ffn, decoder_layers, num_classes=num_classes,
-                                       num_levels=num_levels, num_points=num_points, dropout=dropout,
-                                       activation=decoder_activation, v2=v2)
+        self.decoder: nn.Module
+        if dfine is not None:
+            self.decoder = DFineDecoder(d_model, decoder_heads, decoder_ffn, decoder_layers, num_classes=num_classes,
+                                        num_levels=num_levels, num_points=num_points, **dfine)
+        else:
+            self.decoder = RealtimeDecoder(d_model, decoder_heads, decoder_ffn, decoder_layers, num_classes=num_classes,
+                                           num_levels=num_levels, num_points=num_points, dropout=dropout,
+                                           activation=decoder_activation, v2=v2)
         self.num_classes, self.num_queries = num_classes, num_queries
         self.num_denoising, self.label_noise_ratio, self.box_noise_scale = num_denoising, label_noise_ratio, box_noise_scale
 
