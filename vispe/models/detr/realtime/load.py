@@ -1,7 +1,8 @@
 """Load transformers' RT-DETR and RT-DETRv2 into ``vispe.models.detr.realtime.RTDETR``: ``load_rtdetr(source, config=None)``.
 
 ``source``: a ``transformers.RTDetrForObjectDetection`` / ``RTDetrV2ForObjectDetection`` (its config gives
-the architecture), or its ``state_dict()`` with ``config=`` its ``RTDetrConfig`` / ``RTDetrV2Config``
+the architecture), or its ``state_dict()`` with ``config=``, or a checkpoint of lyuwenyu/RT-DETR
+(``vispe.models.detr.realtime.load_original``; a file path through ``load_detr``) with ``config=`` its ``RTDetrConfig`` / ``RTDetrV2Config``
 (RT-DETRv2 also reads ``decoder_offset_scale`` and ``decoder_method``; ``decoder_n_levels`` must equal
 ``num_feature_levels``). The backbone (``RTDetrResNetBackbone``,
 bottleneck layers) becomes timm's ResNet-vd (``vispe.models.detr.realtime.backbone``): the same
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 
 from vispe.models.detr.load.keys import rename_keys
+from vispe.models.detr.realtime import load_original as O
 from vispe.models.detr.realtime.backbone import ResNetVd
 from vispe.models.detr.realtime.hgnetv2 import TransformersBackbone
 from vispe.models.detr.realtime.model import RTDETR
@@ -66,9 +68,12 @@ _REST = [
 
 
 def is_realtime(source, config=None) -> bool:
-    """Whether ``source`` is a transformers RT-DETR model, or ``config`` an ``RTDetrConfig``."""
+    """Whether ``source`` is a transformers RT-DETR model or a checkpoint in lyuwenyu's layout, or ``config`` an
+    ``RTDetrConfig`` (or RT-DETRv2's, D-FINE's)."""
     if config is not None:
         return getattr(config, "model_type", None) in MODEL_TYPES
+    if isinstance(source, dict) and O.is_original(source):  # refused below, for want of its config
+        return True
     return isinstance(source, torch.nn.Module) and \
         getattr(getattr(source, "config", None), "model_type", None) in MODEL_TYPES
 
@@ -182,7 +187,9 @@ def load_rtdetr(source, config=None, **overrides) -> RTDETR:
         config, state = source.config, source.state_dict()
     elif isinstance(source, dict):
         if config is None:
-            raise ValueError("source is a state_dict without its configuration: pass config=RTDetrConfig(...)")
+            raise ValueError("source is a state_dict without its configuration: pass config=RTDetrConfig(...) (for "
+                             "lyuwenyu/RT-DETR's checkpoints, the config of its model, e.g. as transformers' conversion "
+                             "script builds it)")
         state = source
     else:
         raise ValueError(f"source={type(source).__name__}: expected an RTDetrForObjectDetection or its state_dict")
@@ -193,7 +200,12 @@ def load_rtdetr(source, config=None, **overrides) -> RTDETR:
     backbone = TransformersBackbone(config, frozen_bn=bool(config.freeze_backbone_batch_norms)) if spec is None \
         else ResNetVd(**spec)
     model = RTDETR(backbone, **kwargs)
-    state = rename(state, config.model_type)
+    if O.is_original(state):
+        if config.model_type != "rt_detr":
+            raise ValueError(f"source is in lyuwenyu/RT-DETR's layout: expected an RTDetrConfig, got {config.model_type!r}")
+        state = O.rename(state)
+    else:
+        state = rename(state, config.model_type)
     own = {k: v for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
     missing = sorted(set(own) - set(state))
     unused = sorted(set(state) - set(own))
