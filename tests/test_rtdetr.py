@@ -165,3 +165,21 @@ def test_rtdetr_v2_equals_transformers(method):
     ours = load_detr(hf)
     check_eval(ours, hf, images(), f"RT-DETRv2 {method}")
     check_eval(load_detr(hf.state_dict(), hf.config), hf, images(64, 160), f"RT-DETRv2 {method}, state_dict")
+
+
+def test_padded_images_get_boxes_in_their_own_units():
+    """RT-DETR's boxes are in units of the padded canvas; with a padding mask vispe divides them by each image's
+    valid fraction (the targets' and COCO's units). Padding of 8 of 128 columns leaves AIFI's stride-32 grid
+    unpadded, so the network's numbers are the same and only the units change."""
+    ours = load_detr(reference(seed=13)).eval()
+    x = images()
+    mask = torch.zeros(2, 96, 128, dtype=torch.bool)
+    mask[1, :, 120:] = True
+    with torch.no_grad():
+        plain, padded = ours(x), ours(x, mask)
+    torch.testing.assert_close(padded["pred_boxes"][0], plain["pred_boxes"][0], rtol=0, atol=0)
+    scale = torch.tensor([120 / 128, 1.0, 120 / 128, 1.0])
+    torch.testing.assert_close(padded["pred_boxes"][1], plain["pred_boxes"][1] / scale, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(padded["enc_outputs"]["pred_boxes"][1], plain["enc_outputs"]["pred_boxes"][1] / scale,
+                               rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(padded["pred_logits"], plain["pred_logits"], rtol=0, atol=0)

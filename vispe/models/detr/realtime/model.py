@@ -21,8 +21,12 @@ Output (dict): "pred_logits" (B, Q, K), "pred_boxes" (B, Q, 4) unit (cx, cy, w, 
 "aux_outputs" the same for the layers before; "enc_outputs" the selected encoder proposals; in
 training with ``targets`` and ``num_denoising > 0``: "dn_outputs" (per layer, the denoising queries'
 logits and boxes) and "dn_meta" (``Groups``: positives per image, group count). The padding ``mask``
-(B, H, W) (True = padding) reaches AIFI only (key padding and a mask-aware encoding); the CNN parts
-see the padded pixels, as in RT-DETR.
+(B, H, W) (True = padding) reaches AIFI (key padding and a mask-aware encoding) and a backbone that
+takes it (``takes_mask``); RT-DETR's anchors, references and boxes are in units of the whole padded
+canvas (it resizes every image to one size and never pads), so with padding the targets are brought
+into those units (denoising) and every output box back into each image's own (cx / r_x, cy / r_y,
+w / r_x, h / r_y, r = the valid fraction), the units of the targets and of COCO. Without padding
+nothing changes (transformers' numbers).
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vispe.coords import valid_extent
 from vispe.kernels.deformable import Levels
 from vispe.models.detr.realtime.aifi import SINCOS
 from vispe.models.detr.realtime.decoder import RealtimeDecoder
@@ -116,8 +121,11 @@ class RTDETR(nn.Module):
         levels = Levels.of(srcs)
         memory = levels.flatten(srcs)  # (B, N, d)
         sel = self.selection(memory, levels)
+        scale = _valid_scale(mask, images.shape[-2:])  # (B, 1, 4) or None: image units -> the whole map's
         groups = None
         if self.training and targets is not None and self.denoising_class_embed is not None:
+            if scale is not None:
+                targets = [{**t, "boxes": t["boxes"].to(scale) * scale[b]} for b, t in enumerate(targets)]
             groups = denoising_groups(targets, self.denoising_class_embed, num_classes=self.num_classes,
                                       num_queries=self.num_queries, num_denoising=self.num_denoising,
                                       label_noise_ratio=self.label_noise_ratio, box_noise_scale=self.box_noise_scale)
@@ -127,11 +135,14 @@ class RTDETR(nn.Module):
             ref = torch.cat([groups.box_logits, ref], 1)
             attn_mask, P = groups.attn_mask, groups.pad_size
         logits, boxes = self.decoder(content, ref, memory, levels, attn_mask)  # (B, layers, P + Q, K|4)
+        enc_boxes = sel.enc_boxes
+        if scale is not None:  # the whole map's units -> each image's (the targets' and COCO's)
+            boxes, enc_boxes = boxes / scale[:, None], enc_boxes / scale
         out: dict[str, Any] = {
             "pred_logits": logits[:, -1, P:], "pred_boxes": boxes[:, -1, P:],
             "aux_outputs": [{"pred_logits": logits[:, i, P:], "pred_boxes": boxes[:, i, P:]}
                             for i in range(logits.shape[1] - 1)],
-            "enc_outputs": {"pred_logits": sel.enc_logits, "pred_boxes": sel.enc_boxes},
+            "enc_outputs": {"pred_logits": sel.enc_logits, "pred_boxes": enc_boxes},
             "class_head": "sigmoid",
         }
         if groups is not None:
@@ -139,3 +150,13 @@ class RTDETR(nn.Module):
                                  for i in range(logits.shape[1])]
             out["dn_meta"] = groups
         return out
+
+
+def _valid_scale(mask: torch.Tensor | None, shape) -> torch.Tensor | None:
+    """Each image's valid fraction of the padded canvas as (cx, cy, w, h) factors, or None when nothing is
+    padded.  # (B, 1, 4)"""
+    if mask is None or not bool(mask.any()):
+        return None
+    n = valid_extent(mask, tuple(shape), device=mask.device)  # (B, 2) valid (h, w) in pixels
+    ry, rx = n[:, 0] / shape[0], n[:, 1] / shape[1]
+    return torch.stack([rx, ry, rx, ry], -1)[:, None]  # (B, 1, 4)
