@@ -26,6 +26,7 @@ With one head per layer, the heads start as copies of one (the papers' ``_get_cl
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -38,7 +39,7 @@ from vispe.models.detr.design.rules import check_heads, check_level_pe
 from vispe.models.detr.init import PRIOR_PROB, xavier_matrices
 from vispe.models.detr.neck.level_pos import LEVEL_PES, LevelPositions
 from vispe.models.detr.neck.multiscale import InputProjection, build_multiscale_backbone
-from vispe.models.detr.transformer.deformable_decoder import DeformableDecoderLayer
+from vispe.models.detr.transformer.decoder_layer import DecoderLayer
 from vispe.models.detr.transformer.deformable_encoder import DeformableEncoder
 from vispe.models.detr.transformer.relation import PositionRelation
 from vispe.registry import build_in, get
@@ -86,8 +87,9 @@ def build_deformable(num_classes: int, *, design, placement, backbone, backbone_
                          f"level_pe={level_pe!r}) enters only the encoder's layers, so it would be used nowhere; "
                          "expected pe_at encoder='input' (added to the memory), or pe='none' and level_pe='none'")
     encoder = DeformableEncoder(d_model, nheads, enc_layers, dim_feedforward, dropout, L, enc_points, activation)
-    decoder = DeformableDecoder((DeformableDecoderLayer(d_model, nheads, dim_feedforward, dropout, L, dec_points,
-                                                        activation, attn_dropout) for _ in range(dec_layers)),
+    design.cross = replace(design.cross, levels=L, points=dec_points)  # what the sampling operator reads
+    decoder = DeformableDecoder((DecoderLayer(d_model, nheads, dim_feedforward, dropout, attn_dropout, activation, spec)
+                                 for spec in design.layers()),
                                 nn.LayerNorm(d_model) if design.queries.decoder_norm else None)
     head = _checks.choice("class_head", class_head or design.class_head, getattr(design.queries, "class_heads", CLASS_HEADS))
     model = DeformableDETR(net, proj, level_pos, encoder, decoder, design, num_classes=num_classes,

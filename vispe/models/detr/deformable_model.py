@@ -46,6 +46,7 @@ from vispe.models.detr.design.designs import Design
 from vispe.models.detr.heads.outputs import outputs_dict, with_extra_queries
 from vispe.models.detr.mlp import MLP
 from vispe.models.detr.transformer.decode import decode_loop
+from vispe.models.detr.transformer.decoder_layer import Sampling
 
 #: the paper's learning-rate factor of the sampling offsets and reference points (``lr_linear_proj_mult``)
 LINEAR_PROJ_MULT = 0.1
@@ -53,7 +54,7 @@ LINEAR_PROJ_NAMES = ("sampling_offsets", "reference_points")
 
 
 class DeformableDecoder(nn.Module):
-    """The decoder's layers (``layers.{i}``, ``DeformableDecoderLayer``), the norm on every layer's output
+    """The decoder's layers (``layers.{i}``, ``DecoderLayer`` with the deformable operator), the norm on every layer's output
     (``norm``: DINO's; None for Deformable DETR's design) and Relation-DETR's relation (or None)."""
 
     def __init__(self, layers, norm: nn.Module | None = None) -> None:
@@ -146,8 +147,8 @@ class DeformableDETR(nn.Module):
         # [(B, Q, d)], [(B|1, Q, 2|4)]"""
         def run(layer, t, p, anchors, self_bias):
             reference = points_at_levels(swap_xy(anchors), ratios).to(t.dtype)  # (B, Q, L, 2|4) (y, x[, h, w])
-            return layer(t, p.cross_ctx.pos, reference, memory, levels, pad, self_ctx=p.self_ctx,
-                         self_attn_mask=self_attn_mask, self_bias=self_bias)
+            return layer(t, p, memory, self_bias=self_bias, self_attn_mask=self_attn_mask,
+                         sampling=Sampling(reference, levels, pad))
 
         return decode_loop(self.decoder.layers, self.queries, t, embed, anchors, run, heads=lambda i: self.bbox_embed[i],
                            norm=self.decoder.norm, relation=self.decoder.relation)

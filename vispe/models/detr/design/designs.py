@@ -38,20 +38,23 @@ denoising); the design is the one place that combines strategy, operator, keys a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from vispe.models.detr.design import rules
 from vispe.models.detr.design.placement import Placement
+from vispe.models.detr.design.specs import CrossSpec, LayerSpec
+from vispe.models.detr.queries.base import QueryPositions, StrategyContext
 from vispe.models.detr.queries.deformable import DeformableQueries
 from vispe.models.detr.queries.dino import DinoQueries
-from vispe.models.detr.queries.positioned import ConditionalQueries, DabQueries, QueryPositions, StrategyContext
+from vispe.models.detr.queries.positioned import ConditionalQueries, DabQueries
 from vispe.registry import get
 
 #: ``create_detr(decoder=...)``: the query-position strategy of each design
 STRATEGIES = {"detr": QueryPositions, "conditional": ConditionalQueries, "dab": DabQueries,
               "deformable": DeformableQueries, "dino": DinoQueries}
+BUILT_IN = tuple(STRATEGIES)
 
 CLASS_HEADS = ("softmax", "sigmoid")
 BOX_BIASES = ("boxrpb",)
@@ -62,23 +65,29 @@ RELATION_KWARGS = ("num_feats", "temperature", "scale")
 BOX_BIAS_KWARGS = ("hidden", "transform", "stride")
 
 
-@dataclass(frozen=True)
-class CrossSpec:
-    """Every decoder layer's cross-attention: the operator, how its keys carry position, its box bias."""
+def register_strategy(cls: type[QueryPositions], *, operators: tuple[str, ...] = ("dense",)) -> type[QueryPositions]:
+    """Make ``cls`` (a ``QueryPositions`` subclass: ``design``, ``OPTIONS``, ``build``) the design
+    ``create_detr(decoder=cls.design)`` on the cross-attention ``operators`` it names (the rule the
+    builders check, ``rules.DESIGN_OPERATORS``). A new design is its strategy file and this call."""
+    if not (isinstance(cls, type) and issubclass(cls, QueryPositions)):
+        raise ValueError(f"cls={cls!r}: expected a QueryPositions subclass (vispe.models.detr.queries.base)")
+    name = cls.design
+    if name in STRATEGIES:
+        raise ValueError(f"decoder={name!r} is registered already ({STRATEGIES[name].__name__}): expected a new name")
+    ops = tuple(operators)
+    if not ops or any(op not in OPERATORS for op in ops):
+        raise ValueError(f"operators={operators!r}: expected some of {', '.join(map(repr, OPERATORS))}")
+    STRATEGIES[name] = cls
+    rules.DESIGN_OPERATORS[name] = ops
+    return cls
 
-    operator: str = "dense"  # OPERATORS
-    keys: str = "add"  # queries.KEYS
-    box_bias: dict | None = None  # BoxRPB's kwargs (vispe.models.detr.transformer.box_bias), or None
 
-
-@dataclass(frozen=True)
-class LayerSpec:
-    """One decoder layer: separate position projections (``decoupled``), ``p_q`` on its cross-attention's
-    query (``query_pos``), and the cross-attention (``cross``)."""
-
-    decoupled: bool = False
-    query_pos: bool = True
-    cross: CrossSpec = field(default_factory=CrossSpec)
+def unregister_strategy(name: str) -> None:
+    """Remove a design added by ``register_strategy`` (the built-in ones stay)."""
+    if name in BUILT_IN:
+        raise ValueError(f"decoder={name!r} is built in: expected a design added by register_strategy")
+    STRATEGIES.pop(name, None)
+    rules.DESIGN_OPERATORS.pop(name, None)
 
 
 @dataclass
@@ -105,7 +114,10 @@ class Design:
     def layers(self) -> list[LayerSpec]:
         """One spec per decoder layer; ``p_q`` placement is the strategy's ``query_pos_in_cross``."""
         q = self.queries
-        return [LayerSpec(decoupled=q.decoupled, query_pos=q.query_pos_in_cross(i), cross=self.cross)
+        # the sampling operator's layers (the deformable papers') add p_q to the self-attention's q and k
+        # through the shared projections: no separate position projections there
+        decoupled = q.decoupled and self.cross.operator == "dense"
+        return [LayerSpec(decoupled=decoupled, query_pos=q.query_pos_in_cross(i), cross=self.cross)
                 for i in range(self.num_layers)]
 
 
@@ -132,20 +144,15 @@ def build_design(decoder: str, decoder_kwargs: dict, *, box_bias: str | None = N
     _check_choice("query_relation", query_relation, RELATIONS, query_relation_kwargs)
     if attention == "deformable":
         rules.check(decoder, kw, placement=placement, pe=pe, dec_pe=dec_pe, box_bias=box_bias, init=init)
-    elif decoder in rules.DESIGNS_ONLY:
-        what = "Deformable DETR's" if decoder == "deformable" else "DINO's (mixed query selection from the multi-scale " \
-            "encoder's proposals)"
-        raise ValueError(f"decoder={decoder!r} with attention='dense': {what} queries sample the memory at "
-                         "their reference points; expected attention='deformable' (or a dense design: "
-                         "'detr', 'conditional', 'dab')")
     else:
+        rules.check_operator(decoder, attention)
         rules.check_family(pe, get(pe).family, placement, dec_pe, get(dec_pe).family if dec_pe is not None else None,
-                     design=decoder)
-    if decoder != "detr" and placement.queries != "attn":
+                           design=decoder, positioned=cls.positioned)
+    if cls.positioned and placement.queries != "attn":
         raise ValueError(f"pe_at['queries']={placement.queries!r} with decoder={decoder!r}: positioned queries take "
                          "their positions at every attention layer; expected 'attn'")
-    keys = "sampled" if attention == "deformable" else "add" if decoder == "detr" else \
-        _positioned_keys(pe, dec_pe, placement)
+    keys = "sampled" if attention == "deformable" else _positioned_keys(pe, dec_pe, placement) if cls.positioned \
+        else "add"
     queries = cls.build(kw, StrategyContext(d_model, num_layers, keys, placement.queries, num_queries, num_classes))
     for name, value in (("box_bias", box_bias), ("query_relation", query_relation)):
         if value is not None and not queries.anchor_boxes:

@@ -28,20 +28,42 @@ from vispe.encoding import PositionEncoding
 from vispe.models.detr.design.placement import Placement
 from vispe.registry import get
 
-DESIGNS = ("deformable", "dab", "dino")  # the query designs the deformable operator takes
-DESIGNS_ONLY = ("deformable", "dino")  # designs that need the deformable operator
+#: the cross-attention operators each query design takes; a new design's entry is added by
+#: ``designs.register_strategy`` (its strategy file and that call are all a new design touches)
+DESIGN_OPERATORS: dict[str, tuple[str, ...]] = {
+    "detr": ("dense",), "conditional": ("dense",), "dab": ("dense", "deformable"),
+    "deformable": ("deformable",), "dino": ("deformable",)}
+DESIGNS = tuple(d for d, ops in DESIGN_OPERATORS.items() if "deformable" in ops)  # the built-in designs the deformable operator takes
+DESIGNS_ONLY = tuple(d for d, ops in DESIGN_OPERATORS.items() if ops == ("deformable",))  # built-in designs that need it
+
+
+def check_operator(decoder: str, attention: str) -> None:
+    """Refuse a design on an operator it does not take, with the reason (the built-in designs') or the
+    operators its registration names (a new design's)."""
+    ops = DESIGN_OPERATORS.get(decoder, ())
+    if attention in ops:
+        return
+    if attention == "deformable":
+        takes = tuple(d for d, o in DESIGN_OPERATORS.items() if "deformable" in o)
+        why = ("its learned query positions give no reference point to sample around; decoder='deformable' is "
+               "DETR's learned queries with reference points from them (Deformable DETR)" if decoder == "detr" else
+               "its spatial query is concatenated to q for a dot product with the keys' code, and deformable "
+               "attention has no such product; with reference points from p_q it is decoder='deformable'"
+               if decoder == "conditional" else f"it is registered for the operators {ops}")
+        raise ValueError(f"decoder={decoder!r} with attention='deformable': {why}; expected one of "
+                         f"{', '.join(map(repr, takes))}")
+    what = ("Deformable DETR's queries sample" if decoder == "deformable" else
+            "DINO's (mixed query selection from the multi-scale encoder's proposals) queries sample" if decoder == "dino"
+            else f"it is registered for the operators {ops}: its queries sample")
+    raise ValueError(f"decoder={decoder!r} with attention={attention!r}: {what} the memory at their reference points; "
+                     f"expected attention='deformable' (or a dense design: "
+                     f"{', '.join(repr(d) for d, o in DESIGN_OPERATORS.items() if attention in o)})")
 
 
 def check(decoder: str, decoder_kwargs: dict, *, placement: Placement, pe: str, dec_pe: str | None,
           box_bias: str | None, init: str) -> None:
     """Refuse, with the reason, what the deformable operator cannot take (module docstring)."""
-    if decoder not in DESIGNS:
-        why = ("its learned query positions give no reference point to sample around; decoder='deformable' is "
-               "DETR's learned queries with reference points from them (Deformable DETR)" if decoder == "detr" else
-               "its spatial query is concatenated to q for a dot product with the keys' code, and deformable "
-               "attention has no such product; with reference points from p_q it is decoder='deformable'")
-        raise ValueError(f"decoder={decoder!r} with attention='deformable': {why}; expected one of "
-                         f"{', '.join(map(repr, DESIGNS))}")
+    check_operator(decoder, "deformable")
     family = get(pe).family
     if family in ("rotary", "bias"):
         raise ValueError(f"pe={pe!r} is a {family} encoding with attention='deformable': deformable attention has no "
@@ -78,7 +100,7 @@ def check(decoder: str, decoder_kwargs: dict, *, placement: Placement, pe: str, 
 
 
 def check_family(pe: str, family: str, placement: Placement, dec_pe: str | None, dec_family: str | None, *,
-                 design: str = "detr") -> None:
+                 design: str = "detr", positioned: bool | None = None) -> None:
     """Refuse an encoding at a place its family cannot act on, saying why and what to do.
 
     With positioned queries (``design`` "conditional" or "dab") the decoder's keys may also take a
@@ -98,7 +120,7 @@ def check_family(pe: str, family: str, placement: Placement, dec_pe: str | None,
         return
     fam = dec_family if dec_pe is not None else family
     name = dec_pe if dec_pe is not None else pe
-    if design != "detr":
+    if design != "detr" if positioned is None else positioned:
         arg = "dec_pe" if dec_pe is not None else "pe"
         if placement.decoder != "attn":
             raise ValueError(f"pe_at decoder={placement.decoder!r} with decoder={design!r}: positioned queries meet "

@@ -32,7 +32,7 @@ from vispe import _checks
 from vispe.attention import PosContext
 from vispe.kernels.deformable import Levels
 from vispe.models.detr.mlp import inverse_sigmoid
-from vispe.models.detr.queries.positioned import LayerPositions, QueryPositions, StrategyContext
+from vispe.models.detr.queries.base import LayerPositions, QueryPositions, StrategyContext
 from vispe.models.detr.transformer.deformable_decoder import encoder_proposals, proposal_sine
 
 SELECTS = ("valid", "all")

@@ -36,10 +36,11 @@ from torch import nn
 
 from vispe.kernels.deformable import Levels
 from vispe.models.detr.mlp import MLP
+from vispe.models.detr.queries.base import ExtraQueries, StrategyContext, option_bool as _bool
 from vispe.models.detr.queries.dn.common import inv_sigmoid
 from vispe.models.detr.queries.dn.groups import check_options, prepare_cdn
 from vispe.models.detr.queries.dn.selection import MixedQuerySelection
-from vispe.models.detr.queries.positioned import DabQueries, ExtraQueries, StrategyContext, _bool
+from vispe.models.detr.queries.positioned import DabQueries
 from vispe.models.detr.transformer.deformable_decoder import encoder_proposals
 
 PRIOR_PROB = 0.01  # the class heads' focal prior (DINO, Deformable DETR)

@@ -1,4 +1,5 @@
-"""Where DETR's object queries are: one decoder, three query-position strategies.
+"""Where DETR's object queries are: the positioned query sources (Conditional DETR, DAB-DETR) beside DETR's
+own (``vispe.models.detr.queries.base``), for one decoder.
 
 A strategy turns the model's learned query embedding (``query_embed.weight``) into, for every
 decoder layer, the contexts of its two attentions (``vispe.attention.PosContext``):
@@ -30,69 +31,33 @@ box relation (``vispe.models.detr.transformer.relation``) need anchor boxes befo
 (``anchor_boxes``).
 
 A new strategy is a subclass with ``design``, ``OPTIONS`` and ``build(options, context)`` and one
-line in ``designs.STRATEGIES``; ``designs.build_design`` checks the options and builds it.
+line in ``designs.STRATEGIES``; ``designs.build_design`` checks the options and builds it (the contract:
+``vispe.models.detr.queries.base``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 from torch import nn
 
 from vispe.attention import PosContext
 from vispe.models.detr.mlp import MLP, inverse_sigmoid
+from vispe.models.detr.queries.base import (  # noqa: F401  (re-exported: the contract's names)
+    KEYS,
+    ExtraQueries,
+    LayerPositions,
+    QueryPositions,
+    StrategyContext,
+    option_bool as _bool,
+    option_maybe_bool as _maybe_bool,
+)
 from vispe.registry import build_in
 
-KEYS = ("add", "concat", "rotary", "none", "sampled")  # how the cross-attention's keys carry position (module docstring)
 #: DAB on the deformable operator: "dino" (DINO's: learned content, shared heads, decoder norm; the default) or
 #: "legacy" (vispe's before issue 46: zero content, one head per layer under refinement, no decoder norm)
 FORMULATIONS = ("dino", "legacy")
 
-
-@dataclass(frozen=True)
-class StrategyContext:
-    """What a strategy is built for: width, decoder depth, the keys' position and where DETR's queries go."""
-
-    d_model: int
-    num_layers: int
-    keys: str = "add"  # KEYS
-    queries_at: str = "attn"  # DETR's learned query positions: "attn" | "input"
-    num_queries: int = 100  # Q (a strategy with learned content per query sizes its table by it)
-    num_classes: int | None = None  # K (a strategy with a class table of its own: DINO's label embedding)
-
-
-@dataclass
-class ExtraQueries:
-    """Queries a strategy adds before the matching ones (DN-DETR / DINO's denoising groups), for one batch.
-
-    ``content`` (B, D, d) and ``anchors`` (B, D, 4) unit (cx, cy, w, h) go first in the decoder, before the
-    Q matching queries; ``attn_mask`` (D + Q, D + Q) bool, True = query i may not attend to query j, is the
-    decoder self-attention's; ``meta`` rides along to the loss (``out["dn_outputs"]["meta"]``)."""
-
-    content: torch.Tensor
-    anchors: torch.Tensor
-    attn_mask: torch.Tensor | None = None
-    meta: dict | None = None
-
-
-@dataclass
-class LayerPositions:
-    """The contexts of one decoder layer's two attentions, and its anchor boxes (or None)."""
-
-    self_ctx: PosContext
-    cross_ctx: PosContext
-    memory_ctx: PosContext
-    anchors: torch.Tensor | None = None  # (B|1, Q, 2|4) unit (cx, cy[, w, h])
-
-
-def _bool(name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"decoder_kwargs[{name!r}]={value!r}: expected True or False")
-    return value
-
-
-def _maybe_bool(name: str, value) -> bool | None:
-    return None if value is None else _bool(name, value)
 
 
 def build_anchor_pe(name: str, kwargs: dict, d_model: int):
@@ -113,64 +78,6 @@ def build_anchor_pe(name: str, kwargs: dict, d_model: int):
     return anchor_pe
 
 
-class QueryPositions(nn.Module):
-    """Base: DETR's learned query positions (``design="detr"``). ``queries_at`` "attn" | "input"."""
-
-    design = "detr"
-    OPTIONS: frozenset = frozenset()  # the design's decoder_kwargs
-    decoupled = False  # the decoder's attentions project positions with their own weights (q_pos / k_pos)
-    anchor_boxes = False  # anchors are boxes (cx, cy, w, h) before the first layer
-    class_head = "softmax"  # the paper's class head
-    query_dim: int | None = None  # width of the learned query embedding (None: d_model)
-    enc_pos_scale: bool | None = False  # DAB-DETR's encoder scales its additive code by an MLP of the tokens
-    #: (None: where the encoder has an additive code at its attention layers, ``designs``)
-    random_refpoints_xy = False
-    refines = False  # the anchors are refined between layers (``refine`` returns new anchors; the loop detaches them)
-    from_proposals = False  # the queries come from the encoder's proposals (two-stage), not an embedding
-    shared_heads = True  # one class and one box head for every layer (False: one per layer, the papers' clones)
-    decoder_norm = True  # the decoder's LayerNorm on every layer's output before the heads (DETR, DINO)
-    look_forward_twice = False  # DINO: layer i + 1's boxes add to layer i's refined anchors before the detach
-
-    def __init__(self, d_model: int, *, queries_at: str = "attn") -> None:
-        super().__init__()
-        self.d_model, self.queries_at = d_model, queries_at
-
-    @classmethod
-    def build(cls, options: dict, c: StrategyContext) -> QueryPositions:
-        """The strategy for ``c`` from ``options`` (decoder_kwargs, checked against ``OPTIONS``; popped)."""
-        return cls(c.d_model, queries_at=c.queries_at)
-
-    def query_pos_in_cross(self, i: int) -> bool:
-        """Whether layer i's cross-attention query gets ``p_q`` (DETR: every layer, when at "attn")."""
-        return self.queries_at == "attn"
-
-    def start(self, embed: torch.Tensor, B: int, dtype: torch.dtype):
-        """(initial decoder input (B, Q, d), initial anchors or None) from the query embedding."""
-        pos = embed[None].to(dtype)  # (1, Q, d)
-        if self.queries_at == "input":
-            return pos.expand(B, -1, -1), None
-        return pos.new_zeros(B, embed.shape[0], self.d_model), None
-
-    def layer(self, i: int, t: torch.Tensor, embed: torch.Tensor, anchors, memory_ctx: PosContext) -> LayerPositions:
-        ctx = PosContext(pos=embed[None].to(t.dtype)) if self.queries_at == "attn" else PosContext()
-        return LayerPositions(ctx, ctx, memory_ctx)
-
-    def refine(self, i: int, t: torch.Tensor, anchors, box_head: nn.Module):
-        """The anchors of layer i + 1 (called between layers only); with ``refines`` not yet detached (the
-        decode loop detaches them, and keeps them attached for the boxes under ``look_forward_twice``)."""
-        return anchors
-
-    def extra_queries(self, targets: list[dict] | None, B: int, d: int, dtype: torch.dtype,
-                      device: torch.device) -> ExtraQueries | None:
-        """Queries to run before the matching ones in this forward (denoising groups built from ``targets``),
-        or None (every strategy here; DINO's returns its groups in training)."""
-        return None
-
-    def boxes(self, raw: torch.Tensor, anchors: list) -> torch.Tensor:
-        """Box predictions (L, B, Q, 4) from the box head's raw outputs and each layer's anchors."""
-        return raw.sigmoid()
-
-
 class PositionedQueries(QueryPositions):
     """Shared by Conditional DETR and DAB-DETR: anchor code, spatial query, per-layer contexts.
 
@@ -184,6 +91,8 @@ class PositionedQueries(QueryPositions):
             from layer 1 on: only with "concat" keys and more than one decoder layer (else it would be a
             parameter no step uses, which stops DDP).
     """
+
+    positioned = True
 
     decoupled = True
     class_head = "sigmoid"
@@ -369,4 +278,3 @@ class DabQueries(PositionedQueries):
         qd = self.query_dim
         ref = torch.stack([inverse_sigmoid(a).expand(raw.shape[1], -1, -1) for a in anchors])  # (L, B, Q, qd)
         return torch.cat([raw[..., :qd] + ref, raw[..., qd:]], -1).sigmoid()
-

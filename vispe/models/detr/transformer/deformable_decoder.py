@@ -1,6 +1,7 @@
 """Deformable DETR's decoder layer and its two-stage helpers (Zhu et al., ICLR 2021).
 
-``DeformableDecoderLayer`` (post-norm, as fundamentalvision/Deformable-DETR's
+``DeformableDecoderLayer`` is the detector's one ``DecoderLayer`` (``decoder_layer``) with the "deformable"
+cross-attention operator (post-norm, as fundamentalvision/Deformable-DETR's
 ``DeformableTransformerDecoderLayer`` and transformers' ``DeformableDetrDecoderLayer``)::
 
     t = norm1(t + SelfAttn(q = k = t + query_pos, v = t))            vispe.attention.Attention
@@ -31,18 +32,20 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 
-from vispe.attention import Attention, PosContext
+from vispe.attention import PosContext
 from vispe.axis.sinusoidal import sinusoidal
 from vispe.coords import float32_math, valid_extent
-from vispe.deformable_attention import MSDeformAttn
 from vispe.kernels.deformable import Levels
-from vispe.models.detr.mlp import ffn
+from vispe.models.detr.design.specs import CrossSpec, LayerSpec
+from vispe.models.detr.queries.base import LayerPositions
+from vispe.models.detr.transformer.decoder_layer import DecoderLayer, Sampling
 
 
-class DeformableDecoderLayer(nn.Module):
-    """One post-norm decoder layer with deformable cross-attention (module docstring).
+class DeformableDecoderLayer(DecoderLayer):
+    """The one ``DecoderLayer`` with the deformable operator, built and called in the paper's terms (module
+    docstring): a name for tests, benchmarks and DINO's reference loop; the detector builds ``DecoderLayer``
+    from its design's ``LayerSpec``s, which is the same layer.
 
     ``attn_dropout``: dropout of the self-attention's weights (default ``dropout``, the paper's
     ``nn.MultiheadAttention(dropout=dropout)``; transformers: 0).
@@ -51,41 +54,22 @@ class DeformableDecoderLayer(nn.Module):
     def __init__(self, d_model: int = 256, nheads: int = 8, dim_feedforward: int = 1024, dropout: float = 0.1,
                  num_levels: int = 4, num_points: int = 4, activation: str = "relu",
                  attn_dropout: float | None = None) -> None:
-        super().__init__()
-        attn_dropout = dropout if attn_dropout is None else attn_dropout
-        self.self_attn = Attention(d_model, nheads, qkv_bias=True, attn_drop=attn_dropout, proj_drop=dropout)
-        self.norm1 = nn.LayerNorm(d_model)
-        self.cross_attn = MSDeformAttn(d_model, nheads, num_levels, num_points)
-        self.dropout = nn.Dropout(dropout)
-        self.norm2 = nn.LayerNorm(d_model)
-        self.mlp = ffn(d_model, dim_feedforward, dropout, activation)
-        self.norm3 = nn.LayerNorm(d_model)
-        self.reset_parameters()
+        spec = LayerSpec(cross=CrossSpec("deformable", "sampled", levels=num_levels, points=num_points))
+        super().__init__(d_model, nheads, dim_feedforward, dropout, attn_dropout, activation, spec)
 
-    def reset_parameters(self) -> None:
-        """The paper's (``DeformableTransformer._reset_parameters``): Xavier-uniform for every matrix,
-        zero self-attention biases (``nn.MultiheadAttention``'s), then ``MSDeformAttn``'s own; the FFN
-        biases keep PyTorch's Linear init."""
-        for p in self.parameters():
-            if p.dim() > 1:
-                nn.init.xavier_uniform_(p)
-        nn.init.zeros_(self.self_attn.qkv.bias)
-        nn.init.zeros_(self.self_attn.proj.bias)
-        self.cross_attn.reset_parameters()
-
-    def forward(self, t: torch.Tensor, query_pos: torch.Tensor | None, reference: torch.Tensor, memory: torch.Tensor,
-                levels: Levels, key_padding_mask: torch.Tensor | None = None, *, self_ctx: PosContext | None = None,
-                self_attn_mask: torch.Tensor | None = None, self_bias: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, t: torch.Tensor, query_pos: torch.Tensor | None, reference: torch.Tensor,  # type: ignore[override]
+                memory: torch.Tensor, levels: Levels, key_padding_mask: torch.Tensor | None = None, *,
+                self_ctx: PosContext | None = None, self_attn_mask: torch.Tensor | None = None,
+                self_bias: torch.Tensor | None = None) -> torch.Tensor:
         """Queries ``t`` (B, Q, d) at ``query_pos`` (B|1, Q, d), ``reference`` (B, Q, L, 2|4), ``memory``
         (B, N, d) of ``levels`` with ``key_padding_mask`` (B, N). ``self_ctx`` replaces the
         self-attention's context (default: ``PosContext(pos=query_pos)``); ``self_attn_mask`` (Q, Q)
         masks query pairs (denoising groups); ``self_bias`` (B|1, heads, Q, Q) is added to the
         self-attention's logits (Relation-DETR's box relation).  # (B, Q, d)"""
-        ctx = self_ctx if self_ctx is not None else PosContext(pos=query_pos)
-        t = self.norm1(t + self.self_attn(t, attn_mask=self_attn_mask, ctx=ctx, bias=self_bias))
-        t = self.norm2(t + self.dropout(self.cross_attn(t, reference, memory, levels, key_padding_mask,
-                                                        query_pos=query_pos)))
-        return self.norm3(t + self.mlp(t))
+        p = LayerPositions(self_ctx if self_ctx is not None else PosContext(pos=query_pos), PosContext(pos=query_pos),
+                           PosContext())
+        return super().forward(t, p, memory, self_bias=self_bias, self_attn_mask=self_attn_mask,
+                               sampling=Sampling(reference, levels, key_padding_mask))
 
 
 def encoder_proposals(memory: torch.Tensor, key_padding_mask: torch.Tensor | None,

@@ -15,7 +15,8 @@ attention (``attn.pe``), and ``ctx.mask`` (B, h, w) hides padded keys. The atten
 are one fused ``qkv`` Linear (rows q, k, v: ``nn.MultiheadAttention``'s ``in_proj_weight``)
 and ``proj`` (its ``out_proj``); the FFN is timm's ``Mlp`` (``fc1``, ReLU, ``fc2``).
 
-One decoder layer serves every query design (``vispe.models.detr.queries.positioned``), built from a
+One decoder layer (``vispe.models.detr.transformer.decoder_layer``, the deformable detector's too) serves
+every query design (``vispe.models.detr.queries.positioned``), built from a
 ``designs.LayerSpec``: ``decoupled`` gives its attentions separate position projections (``q_pos`` /
 ``k_pos``, Conditional DETR and DAB-DETR), ``query_pos`` whether its cross-attention's query takes
 ``p_q`` (``q_pos``), and ``cross`` the cross-attention: its operator (``CROSS_OPERATORS``: "dense",
@@ -42,25 +43,22 @@ from torch import nn
 
 from vispe import _checks
 from vispe.attention import Attention, PosContext
-from vispe.models.detr.design.designs import LayerSpec
+from vispe.models.detr.design.specs import LayerSpec
 from vispe.models.detr.init import xavier_matrices
 from vispe.models.detr.mlp import ACTIVATIONS, MLP, ffn
-from vispe.models.detr.queries.positioned import LayerPositions
-from vispe.models.detr.transformer.box_bias import BoxRPB
 from vispe.models.detr.transformer.decode import decode_loop
-
-
-def _attention(d_model: int, nheads: int, dropout: float, attn_dropout: float, **kw) -> Attention:
-    return Attention(d_model, nheads, qkv_bias=True, attn_drop=attn_dropout, proj_drop=dropout, **kw)
-
-
+from vispe.models.detr.transformer.decoder_layer import (  # noqa: F401  (CROSS_OPERATORS re-exported)
+    CROSS_OPERATORS,
+    DecoderLayer,
+    self_attention,
+)
 
 
 class EncoderLayer(nn.Module):
     def __init__(self, d_model: int, nheads: int, dim_feedforward: int, dropout: float, attn_dropout: float,
                  activation: str = "relu") -> None:
         super().__init__()
-        self.self_attn = _attention(d_model, nheads, dropout, attn_dropout)
+        self.self_attn = self_attention(d_model, nheads, dropout, attn_dropout)
         self.norm1 = nn.LayerNorm(d_model)
         self.mlp = ffn(d_model, dim_feedforward, dropout, activation)
         self.norm2 = nn.LayerNorm(d_model)
@@ -68,47 +66,6 @@ class EncoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, ctx: PosContext) -> torch.Tensor:  # (B, N, d)
         x = self.norm1(x + self.self_attn(x, ctx=ctx))
         return self.norm2(x + self.mlp(x))
-
-
-def dense_cross(d_model: int, nheads: int, dropout: float, attn_dropout: float, spec: LayerSpec) -> Attention:
-    """Dense cross-attention: every query against every memory cell, with the projections ``spec`` uses."""
-    keys = spec.cross.keys
-    return _attention(d_model, nheads, dropout, attn_dropout, q_pos=spec.decoupled and spec.query_pos,
-                      k_pos=spec.decoupled and keys == "concat", spatial=keys == "concat")
-
-
-#: cross-attention operators by ``CrossSpec.operator``: (d_model, nheads, dropout, attn_dropout, spec) -> module
-CROSS_OPERATORS = {"dense": dense_cross}
-
-
-class DecoderLayer(nn.Module):
-    """DETR's post-norm decoder layer; ``spec`` places the positions of positioned queries (module docstring)."""
-
-    def __init__(self, d_model: int, nheads: int, dim_feedforward: int, dropout: float, attn_dropout: float,
-                 activation: str = "relu", spec: LayerSpec | None = None) -> None:
-        super().__init__()
-        spec = spec or LayerSpec()
-        # the box bias is built first and registered last: the random draws of vispe's layers before
-        # issue 35, so that init="legacy" reproduces them
-        box_bias = BoxRPB(nheads, **spec.cross.box_bias) if spec.cross.box_bias is not None else None
-        self.self_attn = _attention(d_model, nheads, dropout, attn_dropout, q_pos=spec.decoupled, k_pos=spec.decoupled)
-        self.norm1 = nn.LayerNorm(d_model)
-        self.cross_attn = CROSS_OPERATORS[spec.cross.operator](d_model, nheads, dropout, attn_dropout, spec)
-        self.norm2 = nn.LayerNorm(d_model)
-        self.mlp = ffn(d_model, dim_feedforward, dropout, activation)
-        self.norm3 = nn.LayerNorm(d_model)
-        self.box_bias = box_bias
-
-    def forward(self, t: torch.Tensor, p: LayerPositions, memory: torch.Tensor, *,
-                self_bias: torch.Tensor | None = None, self_attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """``p``: the strategy's contexts for this layer; ``self_bias`` (B, heads, Q, Q) on the self-attention,
-        ``self_attn_mask`` (Q, Q) True = blocked (denoising groups).  # (B, Q, d)"""
-        bias = None
-        if self.box_bias is not None:
-            bias = self.box_bias(p.anchors, p.memory_ctx.shape, p.memory_ctx.mask).to(t.dtype)  # (B, heads, Q, h*w)
-        t = self.norm1(t + self.self_attn(t, attn_mask=self_attn_mask, ctx=p.self_ctx, bias=self_bias))
-        t = self.norm2(t + self.cross_attn(t, ctx=p.cross_ctx, memory=memory, memory_ctx=p.memory_ctx, bias=bias))
-        return self.norm3(t + self.mlp(t))
 
 
 class Transformer(nn.Module):
