@@ -117,6 +117,11 @@ class DetectionTask:
         from vispe.models.detr import HungarianMatcher, SetCriterion, create_detr
         from vispe.models.detr.vitdet import task as vit_task
 
+        if cfg.detr.decoder == "rtdetr":  # issue 48: the real-time DETRs (vispe.models.detr.realtime.train)
+            from vispe.models.detr.realtime.train import build_for_task
+            rt, self.criterion = build_for_task(cfg, info.num_classes)
+            self.collate_fn = partial(collate_detection, size_divisibility=cfg.task.size_divisibility or rt.stride)
+            return rt
         t, m = cfg.task, OmegaConf.to_container(cfg.detr, resolve=True)
         check_encodings({"model.pe": cfg.model.pe, "detr.dec_pe": m["dec_pe"],
                          "detr.decoder_kwargs.anchor_pe": (m["decoder_kwargs"] or {}).get("anchor_pe")})

@@ -46,6 +46,8 @@ from vispe.models.detr.load.keys import rename_keys, resnet_of
 from vispe.models.detr.load.positioned import check_timm_backbone as _check_timm_backbone
 from vispe.models.detr.load.upgrade import is_vispe_checkpoint, upgrade_config
 from vispe.models.detr.model import DETR
+from vispe.models.detr.realtime import load as R  # RT-DETR (issue 48)
+from vispe.models.detr.realtime.model import RTDETR
 
 _COMMON = [  # (pattern, replacement) applied to both formats after their own renames
     (r"^bbox_predictor\.layers\.", "bbox_embed.layers."),
@@ -191,10 +193,13 @@ def _architecture(state: dict, hints: dict) -> dict:
     return arch
 
 
-def load_detr(source, config=None, **overrides) -> DETR:
+def load_detr(source, config=None, **overrides) -> DETR | RTDETR:
     """A vispe DETR built for ``source``'s architecture with its weights (module docstring); ``config``: a
-    transformers ``DeformableDetrConfig`` beside a Deformable DETR state_dict."""
+    transformers ``DeformableDetrConfig`` beside a Deformable DETR state_dict, or an ``RTDetrConfig`` beside
+    an RT-DETR one."""
     source = _file(source)
+    if R.is_realtime(source, config):
+        return R.load_rtdetr(source, config, **overrides)
     if is_vispe_checkpoint(source):  # vispe's own: rebuilt from its config (older formats upgraded)
         if config is not None:
             raise ValueError("config=... with a vispe checkpoint: its own config builds the model")
