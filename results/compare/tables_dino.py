@@ -91,6 +91,8 @@ def short_table() -> str:
     if df is None:
         return "(not run yet)"
     fin = df[df["status"] == "finished"]
+    if fin.empty:
+        return "(no finished run yet)"
     lines = ["| run | epochs | threads | AP | AP50 | AP at 0.75x / 1.5x | wall s (whole run) | train s | step | commit |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, g in fin.groupby("run", sort=True):
