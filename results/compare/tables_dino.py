@@ -89,7 +89,7 @@ def short_table() -> str:
     """DINO at a shorter schedule on one thread: AP at the training size, wall time of each run."""
     df = load("shapes_dino_short")
     if df is None:
-        return "(not run yet)"
+        return "(no finished run)"
     fin = df[df["status"] == "finished"]
     if fin.empty:
         return "(no finished run yet)"
