@@ -130,3 +130,27 @@ def test_init_relation_script_runs_the_table3_recipe(tmp_path):
         assert (cfg.detr.decoder, cfg.detr.box_bias, cfg.train.epochs) == ("dab", "boxrpb", 16), name
         assert cfg.detr.init == ("legacy" if "init-legacy" in name else "papers"), name
         assert cfg.detr.query_relation == ("relation" if "relation" in name else None), name
+
+
+def test_dino_script_asks_for_the_rows_its_tables_name(tmp_path):
+    """run_dino.sh (issue 47): DINO, without denoising and without look-forward-twice at the deformable rows'
+    budget (16 epochs), 3 seeds each, and DINO at 8 epochs (the candidate default), 3 seeds; each point's
+    config is the design its name says, and the runs of the CSVs (when there are some) are among the points."""
+    import sys as _sys
+    _sys.path.insert(0, str(HERE))
+    import tables_dino
+
+    points = recorded_points("run_dino.sh", tmp_path)
+    long = {n: cfg for n, cfg in points if cfg.train.epochs == 16}
+    short = {n: cfg for n, cfg in points if cfg.train.epochs == 8}
+    assert len(points) == 12 and len(long) == 9 and set(short) == {f"sine+epochs-8_seed{s}" for s in range(3)}
+    assert {n.rsplit("_seed", 1)[0] for n in long} == {r for _, r, _ in tables_dino.DINO_ROWS}
+    for name in ("shapes_dino.csv", "shapes_dino_short.csv"):
+        if (HERE / "data" / name).is_file():
+            assert csv_runs(name) <= set(long if name == "shapes_dino.csv" else short), name
+    for name, cfg in points:
+        kwargs = OmegaConf.to_container(cfg.detr.decoder_kwargs)
+        assert (cfg.detr.attention, cfg.detr.decoder) == ("deformable", "dino"), name
+        assert kwargs.get("dn_number") == (0 if "dn_number-0" in name else 3), name
+        assert kwargs.get("look_forward_twice", True) == ("look_forward_twice-false" not in name), name
+    builds(short["sine+epochs-8_seed0"])

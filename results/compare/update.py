@@ -37,9 +37,10 @@ import constant_offset  # noqa: E402  (beside this file: the constant-offset mea
 import spread  # noqa: E402  (beside this file: the seeds' and machines' spread, reproducibility.md)
 import tables_padding  # noqa: E402  (beside this file)
 import readme_figure  # noqa: E402  (beside this file: the README figure and its caption)
+import tables_dino  # noqa: E402  (beside this file: issue 47's tables, detr_dino.md)
 
 SWEEPS = TASKS + ("shapes_detr", "shapes_detr_queries", "shapes_detr_init", "shapes_detr_init_1thread",
-                  "shapes_deformable_detr", "relbias_init_vit",
+                  "shapes_deformable_detr", "shapes_dino", "shapes_dino_short", "relbias_init_vit",
                   "relbias_init_torch")
 INITS = (("relbias_init_vit", "ViT / timm default (`weight_init=''`: trunc-normal 0.02, zero biases)"),
          ("relbias_init_torch", "PyTorch default (`model.kwargs.weight_init=torch`: Kaiming-uniform, std ~0.07, non-zero biases)"))
@@ -215,7 +216,7 @@ DEFORMABLE_ROWS = [  # (row, run name without _seedN in shapes_deformable_detr, 
     ("Deformable DETR + box refinement", "sine+decoder_kwargs-with_box_refine_true", "50 ep: 46.2"),
     ("two-stage Deformable DETR (+ refinement)", "sine+decoder_kwargs-with_box_refine_true_two_stage_true",
      "50 ep: 46.9"),
-    ("DAB anchors on the deformable decoder (`detr.decoder=dab`: DINO's queries, no denoising)", "sine+decoder-dab",
+    ("DAB anchors on the deformable decoder (`detr.decoder=dab`, `formulation=\"legacy\"` semantics: before issue 46)", "sine+decoder-dab",
      "DINO 12 ep: 49.0 (with its denoising and mixed query selection)"),
     ("Deformable DETR, no level embedding", "sine+decoder-deformable+level_pe-none", "-"),
     ("+ box refinement, no level embedding", "sine+decoder_kwargs-with_box_refine_true+level_pe-none", "-"),
@@ -276,7 +277,8 @@ BLOCKS = {**{f"main:{t}": (lambda t=t: main_table(t)) for t in TASKS},
           **{f"resolution:{t}": (lambda t=t: resolution_table(t)) for t in TASKS},
           **{f"main:{t}_today": (lambda t=t: main_table(t, today_only=True)) for t in TASKS},
           **{f"today_vs_old:{t}": (lambda t=t: today_vs_old(t)) for t in TASKS},
-          "peg": peg_table, "status": status_table, "detr": detr_table, "detr_queries": queries_table, "detr_init": init_relation_table, "detr_deformable": deformable_table, "relbias_init": relbias_init_table, "redgreen": redgreen_table, "islam_table1": leakage_table1,
+          "peg": peg_table, "status": status_table, "detr": detr_table, "detr_queries": queries_table, "detr_init": init_relation_table, "detr_deformable": deformable_table, "detr_dino": lambda: tables_dino.dino_table(_ap_row), "detr_dino_epochs": tables_dino.epochs_table,
+          "detr_dino_short": tables_dino.short_table, "detr_dino_step": tables_dino.step_ratio, "relbias_init": relbias_init_table, "redgreen": redgreen_table, "islam_table1": leakage_table1,
           "islam_table4": leakage_table4, "constant_offset": constant_offset.markdown,
           **{f"spread:{f.__name__}": f for f in (spread.seed_spread, spread.reruns, spread.machines)},
           "provenance": lambda: freshness.markdown(freshness.check()),
