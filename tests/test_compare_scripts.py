@@ -143,11 +143,13 @@ def test_dino_script_asks_for_the_rows_its_tables_name(tmp_path):
     points = recorded_points("run_dino.sh", tmp_path)
     long = {n: cfg for n, cfg in points if cfg.train.epochs == 16}
     short = {n: cfg for n, cfg in points if cfg.train.epochs == 8}
-    assert len(points) == 12 and len(long) == 9 and set(short) == {f"sine+epochs-8_seed{s}" for s in range(3)}
+    ten = {n: cfg for n, cfg in points if cfg.train.epochs == 10}
+    assert len(points) == 13 and len(long) == 9 and set(short) == {f"sine+epochs-8_seed{s}" for s in range(3)}
+    assert set(ten) == {"sine+epochs-10_seed0"} and ten["sine+epochs-10_seed0"].train.eval_every == 2
     assert {n.rsplit("_seed", 1)[0] for n in long} == {r for _, r, _ in tables_dino.DINO_ROWS}
     for name in ("shapes_dino.csv", "shapes_dino_short.csv"):
         if (HERE / "data" / name).is_file():
-            assert csv_runs(name) <= set(long if name == "shapes_dino.csv" else short), name
+            assert csv_runs(name) <= set(long if name == "shapes_dino.csv" else {**short, **ten}), name
     for name, cfg in points:
         kwargs = OmegaConf.to_container(cfg.detr.decoder_kwargs)
         assert (cfg.detr.attention, cfg.detr.decoder) == ("deformable", "dino"), name

@@ -4,7 +4,8 @@
 #     detector, 16 epochs): DINO, DINO without contrastive denoising (dn_number=0) and DINO without
 #     look-forward-twice, 3 seeds each, into OUT (seeds 0 of every row before seeds 1 and 2);
 #  2. DINO at a shorter schedule (8 epochs), the candidate detection default (configs/shapes_detr.yaml),
-#     3 seeds, into OUT_short.
+#     3 seeds, into OUT_short; and at 10 epochs, seed 0, evaluated every 2 epochs (it ran as
+#     `--seeds 0 train.epochs=10 train.eval_every=2`, folder sine_seed0, renamed in the CSV to this point's name).
 # Finished points are skipped, so the script resumes where it stopped.
 #
 #   bash results/compare/run_dino.sh          # from the repository root
@@ -18,8 +19,9 @@ dino() { sweep --out "$OUT" --seeds "$1"; }
 no_dn() { sweep --out "$OUT" --vary detr.decoder_kwargs.dn_number=0 --seeds "$1"; }
 once() { sweep --out "$OUT" --vary detr.decoder_kwargs.look_forward_twice=false --seeds "$1"; }
 short() { sweep --out "${OUT}_short" --vary train.epochs=8 --seeds "$1"; }
+short10() { sweep --out "${OUT}_short" --vary train.epochs=10 --seeds "$1" train.eval_every=2; }
 mkdir -p "$(dirname "$OUT")"
 ( dino 0; no_dn 0; short 0; dino 2; no_dn 1; once 2; short 2 ) > "${OUT}_lane1.log" 2>&1 &
-( dino 1; once 0; short 1; once 1; no_dn 2 ) > "${OUT}_lane2.log" 2>&1 &
+( dino 1; once 0; short 1; once 1; no_dn 2; short10 0 ) > "${OUT}_lane2.log" 2>&1 &
 wait
 echo "DINO sweeps done: $OUT ${OUT}_short"
