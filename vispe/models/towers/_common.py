@@ -129,6 +129,10 @@ class Tower(nn.Module):
     num_prefix_tokens = 0
     #: the (h, w) grid given to encodings with learned tables (None: the tower has no native size)
     pe_grid: tuple[int, int] | None = None
+    #: which path a packed batch of mixed sizes takes: "auto", "packed" or "canvas" (``_packed``)
+    path = "auto"
+    #: the path the last call took ("packed" or "canvas"; None before the first call)
+    last_path: str | None = None
 
     def __init__(self) -> None:
         super().__init__()

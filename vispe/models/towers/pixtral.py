@@ -28,6 +28,7 @@ from torch import nn
 from vispe.attention import PosContext
 from vispe.models.towers import register_tower
 from vispe.models.towers._common import Tower, TowerBlock, check_inv_freq, model_output, output_flags, vispe_attention
+from vispe.models.towers._packed import choose_path, group_frames, run_groups
 
 
 class PatchConv(nn.Module):
@@ -89,6 +90,9 @@ class PixtralTower(Tower):
         x = self.patch_embed(pixel_values)  # (B, C, h, w)
         B, C = x.shape[:2]
         sizes = self._sizes(image_sizes, B, tuple(x.shape[-2:]))
+        self.last_path = choose_path(self.path, sizes or [])
+        if self.last_path == "packed":
+            return self._forward_packed(x, sizes or [tuple(x.shape[-2:])] * B, hidden, return_dict)
         mask = None
         if sizes is not None:
             shape = (max(h for h, _ in sizes), max(w for _, w in sizes))
@@ -112,6 +116,26 @@ class PixtralTower(Tower):
         last = pack(x)
         return model_output("BaseModelOutputWithPooling", return_dict, last_hidden_state=last,
                             hidden_states=tuple(states) if hidden else None)
+
+    def _forward_packed(self, x: torch.Tensor, sizes, hidden: bool, return_dict: bool):
+        """The packed path (``_packed``): images grouped by size, no canvas; same outputs as ``forward``'s."""
+        groups, start = group_frames(sizes)
+        parts = [None] * len(sizes)
+        for (h, w), _ in groups:
+            idx = [i for i, s in enumerate(sizes) if s == (h, w)]
+            crop = x[idx, :, :h, :w].flatten(2).transpose(1, 2)  # (S_g, h*w, C) raster
+            for j, i in enumerate(idx):
+                parts[i] = crop[j]
+        order = sorted(range(len(sizes)), key=lambda i: start[i])
+        virtual = torch.cat([parts[i] for i in order])  # (T, C) grouped by size
+        out, states = run_groups(self, virtual, groups, prep=self.ln_pre, keep_states=hidden)
+        rows = torch.cat([torch.arange(start[i], start[i] + h * w, device=x.device) for i, (h, w) in enumerate(sizes)])
+
+        def pack(t: torch.Tensor) -> torch.Tensor:  # virtual (T, C) -> (1, T, C), images in input order
+            return t[rows][None]
+
+        return model_output("BaseModelOutputWithPooling", return_dict, last_hidden_state=pack(out),
+                            hidden_states=tuple(pack(t) for t in states) if hidden else None)
 
 
 def _check_rotary(model) -> None:

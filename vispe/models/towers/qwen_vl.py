@@ -56,6 +56,7 @@ from vispe.models.towers._common import (
     output_flags,
     to_canvas,
 )
+from vispe.models.towers._packed import choose_path, group_frames, run_groups
 
 
 def merge_block_cells(h: int, w: int, m: int, *, device=None) -> torch.Tensor:
@@ -161,6 +162,10 @@ class QwenVisionTower(Tower):
         total = sum(t * h * w for t, h, w in thw)
         if x.shape[0] != total:
             raise ValueError(f"hidden_states has {x.shape[0]} patches: expected sum(t * h * w) = {total} from grid_thw")
+        sizes = [(h, w) for t, h, w in thw for _ in range(t)]
+        self.last_path = choose_path(self.path, sizes)
+        if self.last_path == "packed":
+            return self._forward_packed(x, thw, sizes, hidden, return_dict)
         cells, order, frames, shape = self._layout(thw, x.device)
         canvas, mask = to_canvas(x, cells, frames, shape)  # (S, h*w, C), (S, h, w) | None
         canvas, pos = self.input_code(canvas, shape, mask)
@@ -176,12 +181,46 @@ class QwenVisionTower(Tower):
         pooled = self.merger(from_canvas(canvas, cells) if self.windowed else last)  # (T / m^2, out)
         if hidden:
             states[-1] = last
-        fields = dict(last_hidden_state=last, pooler_output=pooled, hidden_states=tuple(states) if hidden else None)
+        return self._output(last, pooled, states if hidden else None, deep, return_dict)
+
+    def _output(self, last, pooled, states, deep, return_dict: bool):
+        fields = dict(last_hidden_state=last, pooler_output=pooled, hidden_states=tuple(states) if states else None)
         if not self.deepstack:
             return model_output("BaseModelOutputWithPooling", return_dict, **fields)
         from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
 
         return model_output(BaseModelOutputWithDeepstackFeatures, return_dict, deepstack_features=deep, **fields)
+
+    def _forward_packed(self, x: torch.Tensor, thw, sizes, hidden: bool, return_dict: bool):
+        """The packed path (``_packed``): frames grouped by size, no canvas; same outputs as ``forward``'s."""
+        m = self.spatial_merge_size
+        groups, start = group_frames(sizes)
+        cells, order, s = [], [], 0
+        for t, h, w in thw:
+            raster = merge_block_cells(h, w, m, device=x.device)  # (h*w,) raster cell of each token, merge order
+            win = window_token_order(h, w, m, self.window_blocks, device=x.device) if self.windowed else None
+            for _ in range(t):
+                frame = start[s] + raster  # (h*w,) virtual-canvas rows
+                cells.append(frame)
+                order.append(frame if win is None else frame[win])
+                s += 1
+        cells_t, order_t = torch.cat(cells), torch.cat(order)  # (T,), (T,)
+        virtual = torch.zeros_like(x).index_copy(0, cells_t, x)  # (T, C) frames grouped by size, raster
+        window = None
+        if self.windowed:
+            full = set(self.fullatt_block_indexes)
+            patches = self.window_blocks * m
+
+            def window(shape):
+                wm = window_mask(shape, patches, None, x.device)  # (1, 1, h*w, h*w) inside one frame
+                return {i: wm for i in range(len(self.blocks)) if i not in full}
+        out, states = run_groups(self, virtual, groups, window=window, keep_states=hidden or self.deepstack)
+        last = out[order_t]  # (T, C) the original's output order
+        pooled = self.merger(out[cells_t] if self.windowed else last)  # (T / m^2, out)
+        deep = [merger(states[i + 1][cells_t])
+                for i, merger in zip(self.deepstack_visual_indexes, self.deepstack_merger_list)] if self.deepstack else []
+        hs = [st[order_t] for st in states] if hidden and states else None
+        return self._output(last, pooled, hs, deep, return_dict)
 
     def _deepstack(self, cells: torch.Tensor, out: list):
         """``on_block(i, x)``: Qwen3-VL's DeepStack merger of block i's output (packed merge order)."""

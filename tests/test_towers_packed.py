@@ -1,0 +1,109 @@
+"""The towers' packed path (vispe.models.towers._packed): mixed-size batches grouped by frame size, no
+canvas. Parity with transformers' originals (tiny configs, every parameter redrawn) on packed batches
+that include frames of one (merged) row or column, gradients equal to the canvas path's, a frame's
+output independent of the other frames, and which path runs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import load_compare_script
+from vispe.models.vit import convert_vit
+
+pt = load_compare_script("parity_towers")
+
+# Qwen: h, w multiples of the merge size 2, so a "row" is one merged row (2 patches)
+QWEN_THW = {"qwen2_vl": [[1, 8, 4], [1, 2, 10], [1, 10, 2], [2, 4, 4], [1, 4, 4]],
+            "qwen2_5_vl": [[1, 10, 6], [1, 2, 12], [1, 12, 2], [2, 6, 4]],
+            "qwen3_vl": [[1, 8, 4], [1, 2, 10], [1, 10, 2], [2, 4, 4]]}
+PIXTRAL_PATCHES = [(8, 3), (1, 9), (9, 1), (8, 3), (3, 3)]  # (h, w) in patches; 1-row and 1-column images
+
+
+@pytest.fixture(scope="module")
+def originals():
+    return {name: pt.TOWERS[name].build("tiny") for name in (*QWEN_THW, "pixtral")}
+
+
+def _inputs(name, model, g):
+    """(args, per-frame args) of a packed mixed-size batch for tower ``name``."""
+    if name == "pixtral":
+        p = model.config.patch_size
+        H, W = (max(h for h, _ in PIXTRAL_PATCHES) * p, max(w for _, w in PIXTRAL_PATCHES) * p)
+        x = torch.randn(len(PIXTRAL_PATCHES), 3, H, W, generator=g)
+        sizes = torch.tensor([[h * p, w * p] for h, w in PIXTRAL_PATCHES])
+        alone = [(x[i:i + 1, :, :h * p, :w * p], None) for i, (h, w) in enumerate(PIXTRAL_PATCHES)]
+        return (x, sizes), alone
+    cfg, thw = model.config, torch.tensor(QWEN_THW[name])
+    n = thw.prod(-1)
+    x = torch.randn(int(n.sum()), cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size ** 2, generator=g)
+    alone = [(part, thw[i:i + 1]) for i, part in enumerate(x.split(n.tolist()))]
+    return (x, thw), alone
+
+
+@pytest.mark.parametrize("name", [*QWEN_THW, "pixtral"])
+def test_packed_path_matches_the_original(name, originals):
+    m = originals[name]
+    args, _ = _inputs(name, m, torch.Generator().manual_seed(0))
+    t = convert_vit(m)
+    with torch.no_grad():
+        want, got = m(*args), t(*args)
+    assert t.last_path == "packed"
+    fields = ["last_hidden_state"] + (["pooler_output"] if name != "pixtral" else [])
+    for f in fields:
+        a, b = getattr(got, f), getattr(want, f)
+        assert b.abs().max() > 0.5
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
+    if name == "qwen3_vl":
+        for a, b in zip(got.deepstack_features, want.deepstack_features, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl", "pixtral"])
+@pytest.mark.parametrize("pe", [None, "rope_mixed"])
+def test_packed_gradients_equal_the_canvas_paths(name, pe, originals):
+    m = originals[name]
+    args, _ = _inputs(name, m, torch.Generator().manual_seed(1))
+    t = convert_vit(m, pe).double()  # float64: the two paths sum in different orders (float32 grads differ ~3e-5)
+    t.train()
+    grads, outs = {}, {}
+    for path in ("canvas", "packed"):
+        t.path = path
+        t.zero_grad()
+        x = args[0].double().requires_grad_(True)
+        out = t(x, *args[1:]).last_hidden_state
+        assert t.last_path == path
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        outs[path] = out.detach()
+        grads[path] = [x.grad] + [p.grad for p in t.parameters() if p.grad is not None]
+    torch.testing.assert_close(outs["packed"], outs["canvas"], rtol=0, atol=1e-5)
+    assert len(grads["packed"]) == len(grads["canvas"]) > 5
+    for a, b in zip(grads["packed"], grads["canvas"]):  # 1e-5 of the gradient's scale (some reach ~100)
+        assert (a - b).abs().max() <= 1e-5 * max(1.0, b.abs().max().item())
+
+
+@pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl", "pixtral"])
+def test_a_frame_alone_equals_the_frame_packed(name, originals):
+    m = originals[name]
+    args, alone = _inputs(name, m, torch.Generator().manual_seed(2))
+    t = convert_vit(m, "rope_mixed" if name == "pixtral" else None)
+    with torch.no_grad():
+        packed = t(*args).last_hidden_state
+        single = torch.cat([t(*(a for a in one if a is not None)).last_hidden_state for one in alone], dim=-2)
+    torch.testing.assert_close(packed, single, rtol=0, atol=1e-5)
+
+
+def test_which_path_runs(originals):
+    m = originals["qwen2_vl"]
+    t = convert_vit(m)
+    x = torch.randn(2 * 16, m.config.in_channels * m.config.temporal_patch_size * m.config.patch_size ** 2)
+    with torch.no_grad():
+        t(x, torch.tensor([[1, 4, 4], [1, 4, 4]]))  # equal sizes: the canvas
+        assert t.last_path == "canvas"
+        t(x, torch.tensor([[1, 4, 4], [1, 2, 8]]))
+        assert t.last_path == "packed"
+        t.path = "canvas"
+        t(x, torch.tensor([[1, 4, 4], [1, 2, 8]]))
+        assert t.last_path == "canvas"
+        t.path = "packd"
+        with pytest.raises(ValueError, match="path='packd': expected one of"):
+            t(x, torch.tensor([[1, 4, 4], [1, 2, 8]]))
