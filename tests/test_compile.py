@@ -171,8 +171,8 @@ def test_a_table_resized_while_it_trains_compiles_at_symbolic_sizes(pe):
 @pytest.mark.slow
 def test_a_converted_eva_and_the_detector_run_four_sizes_without_recompiling():
     """The same for a converted timm Eva (its PatchEmbed too) and for the detector, whose graph breaks
-    are its own (the backbone runs eagerly; `mask.any()` picks the unmasked path): three frames, no
-    recompiles."""
+    are its own (the backbone runs eagerly; `mask.any()` picks the unmasked path): four frames (three before the stage methods of
+    issue 46), no recompiles."""
     import timm
 
     from vispe.models.detr import create_detr
@@ -192,7 +192,9 @@ def test_a_converted_eva_and_the_detector_run_four_sizes_without_recompiling():
         return torch.randn(2, 3, h, w), mask
 
     counts = _frames(detr, dynamic=True, inputs=padded)
-    assert counts == [counts[0]] * 4 and counts[0] <= 3
+    # four frames since issue 46 (three before): the backbone and `mask.any()` breaks now sit in the
+    # `run_encoder` stage, a nested method, so Dynamo splits `forward` at its call as well; still no recompile
+    assert counts == [counts[0]] * 4 and counts[0] <= 4
 
 
 def test_the_compiled_patch_embedding_is_the_convolution():

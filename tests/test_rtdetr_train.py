@@ -54,7 +54,7 @@ def test_the_encoding_is_swapped_by_config_and_unread_keys_are_refused():
 def test_coco_config_builds_rtdetr_r50vd_and_timm_resnet50d_weights_load(tmp_path):
     import timm
 
-    from vispe.models.detr.realtime.train import build_for_task
+    from vispe.train.detection_rtdetr import build_for_task
     cfg = C.load_config(ROOT / "configs/coco_rtdetr.yaml", ["detr.backbone_weights=random"])
     model, _ = build_for_task(cfg, 80)
     assert model.backbone.channels == [512, 1024, 2048] and model.num_queries == 300

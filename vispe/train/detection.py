@@ -117,8 +117,8 @@ class DetectionTask:
         from vispe.models.detr import HungarianMatcher, SetCriterion, create_detr
         from vispe.models.detr.vitdet import task as vit_task
 
-        if cfg.detr.decoder == "rtdetr":  # issue 48: the real-time DETRs (vispe.models.detr.realtime.train)
-            from vispe.models.detr.realtime.train import build_for_task
+        if cfg.detr.decoder == "rtdetr":  # issue 48: the real-time DETRs (vispe.train.detection_rtdetr)
+            from vispe.train.detection_rtdetr import build_for_task
             rt, self.criterion = build_for_task(cfg, info.num_classes)
             self.collate_fn = partial(collate_detection, size_divisibility=cfg.task.size_divisibility or rt.stride)
             return rt
