@@ -185,3 +185,27 @@ def test_swapping_the_backbone_encoding_needs_a_backbone_that_has_one():
 def test_loader_refuses_what_it_does_not_build(kw, match):
     with pytest.raises(ValueError, match=match):
         load_detr(Deimv2ForObjectDetection(config(**kw)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backbone", [None, "dinov3"])
+def test_deimv2_from_the_default_config_equals_transformers(backbone):
+    """Deimv2Config's defaults (HGNetV2, d_model 256, 6 decoder layers) with num_queries=30; the DINOv3 variant
+    with DINOv3ViTConfig's defaults (ViT-S/16, RoPE augmentation as configured: evaluation draws none), 4
+    registers (the released models'), stages 6, 9, 12 and no trailing conv, as DEIMv2's DINOv3 models."""
+    kw = {} if backbone is None else dict(
+        backbone_config={"model_type": "dinov3_vit", "out_indices": [6, 9, 12], "num_register_tokens": 4},
+        encoder_has_trailing_conv=False)
+    cfg = Deimv2Config(num_queries=30, **kw)
+    hf = Deimv2ForObjectDetection(cfg)
+    rope = {n: b.clone() for n, b in hf.named_buffers() if "rope_embeddings" in n}
+    perturb(hf, seed=0)
+    with torch.no_grad():
+        for layer in hf.model.decoder.layers:
+            layer.encoder_attn.num_points_scale.fill_(1.0 / cfg.decoder_n_points)
+        for n, b in hf.named_buffers():
+            if n in rope:
+                b.copy_(rope[n])
+    hf.eval()
+    unambiguous(hf, images())
+    check_eval(load_detr(hf), hf, images(), f"DEIMv2 default config, {backbone or 'hgnetv2'}", num_aux=0)
