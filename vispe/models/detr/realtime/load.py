@@ -1,4 +1,6 @@
-"""Load transformers' RT-DETR and RT-DETRv2 into ``vispe.models.detr.realtime.RTDETR``: ``load_rtdetr(source, config=None)``.
+"""Load transformers' RT-DETR, RT-DETRv2, D-FINE and DEIMv2 into ``vispe.models.detr.realtime.RTDETR`` (DEIMv2: its
+subclass ``DEIMv2``, ``load_deimv2``): ``load_rtdetr(source, config=None)``; the original repositories' layouts
+of RT-DETR (``load_original``), D-FINE / DEIM and DEIMv2 (``load_original_dfine``) with ``config=``.
 
 ``source``: a ``transformers.RTDetrForObjectDetection`` / ``RTDetrV2ForObjectDetection`` (its config gives
 the architecture), or its ``state_dict()`` with ``config=``, or a checkpoint of lyuwenyu/RT-DETR
@@ -29,7 +31,7 @@ from typing import Any
 import torch
 
 from vispe.models.detr.load.keys import rename_keys
-from vispe.models.detr.realtime import load_deimv2 as D, load_original as O
+from vispe.models.detr.realtime import load_deimv2 as D, load_original as O, load_original_dfine as F
 from vispe.models.detr.realtime.backbone import ResNetVd
 from vispe.models.detr.realtime.hgnetv2 import TransformersBackbone
 from vispe.models.detr.realtime.model import RTDETR
@@ -210,7 +212,9 @@ def load_rtdetr(source, config=None, **overrides) -> RTDETR:
         backbone = TransformersBackbone(config, frozen_bn=bool(config.freeze_backbone_batch_norms)) \
             if spec is None else ResNetVd(**spec)
         model = RTDETR(backbone, **kwargs)
-    if config.model_type == "deimv2":
+    if config.model_type in ("d_fine", "deimv2") and F.is_original(state):
+        state = F.rename(state, config.model_type, model.state_dict())
+    elif config.model_type == "deimv2":
         state = D.rename(drop_tied(state), config, model.state_dict())
     elif O.is_original(state):
         if config.model_type != "rt_detr":
