@@ -26,18 +26,18 @@ DINOV3 = dict(model_type="dinov3_vit", hidden_size=48, intermediate_size=96, num
               pos_embed_rescale=None)
 
 
-def config(backbone=None, **kw):
+def config(backbone=None, vit=None, **kw):
     dinov3 = backbone == "dinov3"
     return Deimv2Config(**{**dict(
-        backbone_config=DINOV3 if dinov3 else HGNET, encoder_in_channels=[32, 32, 32] if dinov3 else [64, 128, 256],
+        backbone_config={**DINOV3, **(vit or {})} if dinov3 else HGNET, encoder_in_channels=[32, 32, 32] if dinov3 else [64, 128, 256],
         encoder_hidden_dim=32, d_model=32, decoder_in_channels=[32, 32, 32], encoder_ffn_dim=64, decoder_ffn_dim=64,
         decoder_layers=3, encoder_attention_heads=4, decoder_attention_heads=4, num_queries=30, num_labels=5,
         num_denoising=20, depth_mult=0.34, spatial_tuning_adapter_inplanes=8,
         encoder_has_trailing_conv=not dinov3), **kw})
 
 
-def reference(seed=0, backbone=None, **kw):
-    cfg = config(backbone, **kw)
+def reference(seed=0, backbone=None, vit=None, **kw):
+    cfg = config(backbone, vit, **kw)
     hf = Deimv2ForObjectDetection(cfg)
     rope = {n: b.clone() for n, b in hf.named_buffers() if "rope_embeddings" in n}
     perturb(hf, seed=seed)
@@ -70,6 +70,28 @@ def test_deimv2_eval_equals_transformers(backbone, seed, kw):
     ours = load_detr(hf)
     assert isinstance(ours, DEIMv2) and isinstance(ours.backbone, DINOv3Backbone) == (backbone == "dinov3")
     check_eval(ours, hf, images(), f"DEIMv2 {backbone or 'hgnetv2'} {kw or 'default'}", num_aux=0)
+
+
+@pytest.mark.parametrize("vit", [{"apply_layernorm": False}, {"apply_layernorm": False, "out_indices": [1, 2, 3]},
+                                 {"key_bias": True}])
+def test_deimv2_dinov3_options_equal_transformers(vit):
+    """``apply_layernorm=False`` (DEIMv2's distilled ViT-Tiny variants): only the last block's output normed, so
+    out_indices [1, 2, 3] of 4 blocks take none through the norm; ``key_bias=True`` (DEIMv2-L / X's config) with
+    the key biases zero, as DINOv3's."""
+    hf = reference(seed=5, backbone="dinov3", vit=vit)
+    if vit.get("key_bias"):
+        with torch.no_grad():
+            for layer in hf.model.conv_encoder.backbone.model.layer:
+                layer.attention.k_proj.bias.zero_()
+    unambiguous(hf, images())
+    check_eval(load_detr(hf), hf, images(), f"DEIMv2 dinov3 {vit}", num_aux=0)
+
+
+def test_deimv2_dinov3_refuses_a_nonzero_key_bias():
+    hf = reference(seed=5, backbone="dinov3", vit={"key_bias": True})  # perturbed: nonzero
+    with pytest.raises(ValueError, match=r"model\.conv_encoder\.backbone\.model\.layer\.0\.attention\.k_proj\.bias: "
+                                         "a nonzero key bias"):
+        load_detr(hf)
 
 
 def test_deimv2_state_dict_with_config_loads_the_same_model():

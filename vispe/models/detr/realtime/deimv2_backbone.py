@@ -9,8 +9,9 @@ transformers' ``Deimv2DINOv3ConvEncoder``: for images (B, 3, H, W), patch p, (h,
 
 transformers then projects each ``out_l`` by a 1x1 conv + BN (``fusion_proj``): in vispe that is the hybrid
 encoder's ``input_proj``, the same operation. ``blocks`` are the ViT blocks whose outputs are taken
-(transformers' ``out_indices`` minus one: its stage 0 is the patch embedding), every one through the final
-norm (``apply_layernorm``). STA (parameter names transformers'): ``stem_conv`` (3x3 s2, GELU), max pool
+(transformers' ``out_indices`` minus one: its stage 0 is the patch embedding), each through the final norm
+(``norm_all``, transformers' ``apply_layernorm``) or, with ``norm_all=False`` (DEIMv2's distilled ViT-Tiny
+variants), only the last block's, as transformers. STA (parameter names transformers'): ``stem_conv`` (3x3 s2, GELU), max pool
 3x3 s2, then ``conv2``, ``conv3``, ``conv4`` (3x3 s2 + BN, a GELU between them).
 """
 from __future__ import annotations
@@ -42,8 +43,10 @@ class SpatialTuningAdapter(nn.Module):
 
 
 class DINOv3Backbone(nn.Module):
-    def __init__(self, vit: nn.Module, blocks: Sequence[int], *, inplanes: int = 16, eps: float = 1e-5) -> None:
+    def __init__(self, vit: nn.Module, blocks: Sequence[int], *, inplanes: int = 16, eps: float = 1e-5,
+                 norm_all: bool = True) -> None:
         super().__init__()
+        self.norm_all = bool(norm_all)
         if len(blocks) != 3 or not all(0 <= b < len(vit.blocks) for b in blocks):
             raise ValueError(f"blocks={list(blocks)}: expected three block indices in [0, {len(vit.blocks)})")
         self.vit = vit
@@ -60,7 +63,10 @@ class DINOv3Backbone(nn.Module):
 
     def forward(self, images: torch.Tensor) -> list[torch.Tensor]:  # [(B, channels_l, H/s_l, W/s_l)]
         h, w = images.shape[-2] // self.patch[0], images.shape[-1] // self.patch[1]
-        maps = self.vit.forward_intermediates(images, indices=self.blocks, norm=True, intermediates_only=True)
+        tokens = self.vit.forward_intermediates(images, indices=self.blocks, output_fmt="NLC", intermediates_only=True)
+        last = len(self.vit.blocks) - 1
+        maps = [(self.vit.norm(t) if self.norm_all or b == last else t).transpose(1, 2).reshape(t.shape[0], -1, h, w)
+                for t, b in zip(tokens, self.blocks)]  # (B, C, h, w)
         semantic = [F.interpolate(m, size=(int(h * 2.0 ** (1 - i)), int(w * 2.0 ** (1 - i))), mode="bilinear",
                                   align_corners=False) for i, m in enumerate(maps)]  # (B, C, h 2^(1-l), w 2^(1-l))
         return [torch.cat([s, d], 1) for s, d in zip(semantic, self.sta(images))]

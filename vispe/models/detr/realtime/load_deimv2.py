@@ -8,11 +8,13 @@ Refused by name: ``encoder_type="lite"`` (the Atto / Femto / Pico encoder, not b
 ``encoder_fuse_op`` other than "sum" (transformers' blocks take ``encoder_hidden_dim`` channels, so "cat"
 cannot run there either). Backbones: transformers' own (HGNetV2) wrapped as for D-FINE, or, when
 ``backbone_config`` is a ``dinov3_vit`` one, vispe's DINOv3 (``vispe.models.dinov3.convert_hf_dinov3``)
-with the spatial tuning adapter (``deimv2_backbone``); its ``apply_layernorm=False`` or a stage-0
-(patch embedding) output is refused.
+with the spatial tuning adapter (``deimv2_backbone``): ``apply_layernorm`` read (False: only the last block's
+output normed, as transformers), ``key_bias=True`` taken when the key biases are zero (DINOv3's are; nonzero
+ones refused by name), a stage-0 (patch embedding) output refused.
 """
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -66,16 +68,16 @@ def dinov3_backbone(c) -> DINOv3Backbone:
     from vispe.models.dinov3 import convert_hf_dinov3
 
     b = c.backbone_config
-    if not b.apply_layernorm:
-        raise ValueError("config.backbone_config.apply_layernorm=False: vispe's DEIMv2 takes every DINOv3 stage "
-                         "through the final norm (apply_layernorm=True)")
     stages = [int(i) for i in b.out_indices]
     if min(stages) < 1:
         raise ValueError(f"config.backbone_config.out_indices={stages}: expected block outputs (>= 1), not the "
                          "patch embedding (stage 0)")
+    if b.key_bias:  # DINOv3's key bias is zero (masked in the original): checked on the weights (``rename``)
+        b = copy.deepcopy(b)
+        b.key_bias = False
     vit = convert_hf_dinov3(DINOv3ViTModel(b))
     return DINOv3Backbone(vit, [s - 1 for s in stages], inplanes=c.spatial_tuning_adapter_inplanes,
-                          eps=c.batch_norm_eps)
+                          eps=c.batch_norm_eps, norm_all=bool(b.apply_layernorm))
 
 
 def build(config, kwargs: dict[str, Any]) -> DEIMv2:
@@ -92,6 +94,10 @@ def rename(state: dict, config, own: dict) -> dict:
     from vispe.models.dinov3 import hf_state_dict
 
     vit = {k[len(DINOV3):]: v for k, v in state.items() if k.startswith(DINOV3)}
+    for key in [k for k in vit if k.endswith(".attention.k_proj.bias")]:  # config.backbone_config.key_bias=True
+        if bool(vit.pop(key).any()):
+            raise ValueError(f"{DINOV3}{key}: a nonzero key bias; vispe's DINOv3 (timm's Eva) has none, as DINOv3 "
+                             "(the original masks it to zero)")
     rest = {k: v for k, v in state.items() if not k.startswith(DINOV3)}
     renamed, _ = rename_keys(rest, RULES)
     if vit:
