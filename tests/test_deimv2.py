@@ -231,3 +231,20 @@ def test_deimv2_from_the_default_config_equals_transformers(backbone):
     hf.eval()
     unambiguous(hf, images())
     check_eval(load_detr(hf), hf, images(), f"DEIMv2 default config, {backbone or 'hgnetv2'}", num_aux=0)
+
+
+def test_eval_size_set_vispe_keeps_the_position_transformers_drops_it():
+    """transformers' DEIMv2 AIFI (as RT-DETR's) passes no position in evaluation when ``eval_size`` is set; vispe
+    computes it at the input's size, so it equals transformers with ``eval_size=None``."""
+    hf_eval_size = reference(seed=4, eval_size=[640, 640])
+    ours = load_detr(hf_eval_size)
+    same = Deimv2ForObjectDetection(config()).eval()
+    same.load_state_dict(hf_eval_size.state_dict())
+    check_eval(ours, same, images(), "DEIMv2, eval_size set, against eval_size None", num_aux=0)
+    with torch.no_grad():
+        dropped = hf_eval_size(pixel_values=images()).logits
+        kept = same(pixel_values=images()).logits
+        got = ours(images())["pred_logits"]
+    # without AIFI's position the logits move by 4.5e-5 in this small random model (RT-DETR's: 6.5e-3), about
+    # 30x vispe's difference from transformers with the position (1.4e-6)
+    assert diff(got, dropped) > 10 * diff(got, kept)
