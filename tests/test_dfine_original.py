@@ -109,6 +109,7 @@ def to_original(state, rules):
     return out
 
 
+@pytest.mark.slow
 def test_a_dfine_checkpoint_in_the_original_layout_loads_with_its_config(tmp_path):
     hf = dfine_reference(seed=3)
     original = to_original(hf.state_dict(), COMMON + DFINE)
@@ -124,6 +125,7 @@ def test_a_dfine_checkpoint_in_the_original_layout_loads_with_its_config(tmp_pat
                num_aux=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backbone, seed, kw", [
     (None, 0, {}),
     (None, 9, {"use_gateway": False, "share_bbox_head": True, "encoder_has_trailing_conv": False}),
