@@ -12,6 +12,7 @@ import torch
 from test_deimv2 import reference as deimv2_reference, unambiguous
 from test_dfine import reference as dfine_reference
 from test_rtdetr import check_eval, images
+from transformers import RTDetrConfig
 
 from vispe.models.detr import load_detr
 
@@ -123,6 +124,10 @@ def test_a_dfine_checkpoint_in_the_original_layout_loads_with_its_config(tmp_pat
     check_eval(load_detr(str(path), config=hf.config), hf, images(), "Peterande/D-FINE checkpoint file", num_aux=0)
     check_eval(load_detr({"ema": {"module": original}}, hf.config), hf, images(64, 160), "D-FINE {'ema': ...}",
                num_aux=0)
+    with pytest.raises(ValueError, match="without its configuration"):
+        load_detr({"model": original})
+    with pytest.raises(ValueError, match="original layout: expected a DFineConfig or Deimv2Config, got 'rt_detr'"):
+        load_detr(original, RTDetrConfig())
 
 
 @pytest.mark.slow

@@ -74,7 +74,7 @@ def is_realtime(source, config=None) -> bool:
     ``RTDetrConfig`` (or RT-DETRv2's, D-FINE's)."""
     if config is not None:
         return getattr(config, "model_type", None) in MODEL_TYPES
-    if isinstance(source, dict) and O.is_original(source):  # refused below, for want of its config
+    if isinstance(source, dict) and (O.is_original(source) or F.is_original(source)):  # refused below, without config
         return True
     return isinstance(source, torch.nn.Module) and \
         getattr(getattr(source, "config", None), "model_type", None) in MODEL_TYPES
@@ -196,9 +196,9 @@ def load_rtdetr(source, config=None, **overrides) -> RTDETR:
         config, state = source.config, source.state_dict()
     elif isinstance(source, dict):
         if config is None:
-            raise ValueError("source is a state_dict without its configuration: pass config=RTDetrConfig(...) (for "
-                             "lyuwenyu/RT-DETR's checkpoints, the config of its model, e.g. as transformers' conversion "
-                             "script builds it)")
+            raise ValueError("source is a state_dict without its configuration: pass config=RTDetrConfig(...) / "
+                             "DFineConfig(...) / Deimv2Config(...) (for the original repositories' checkpoints, the "
+                             "config of its model, e.g. as transformers' conversion scripts build it)")
         state = source
     else:
         raise ValueError(f"source={type(source).__name__}: expected an RTDetrForObjectDetection or its state_dict")
@@ -216,6 +216,9 @@ def load_rtdetr(source, config=None, **overrides) -> RTDETR:
         state = F.rename(state, config.model_type, model.state_dict())
     elif config.model_type == "deimv2":
         state = D.rename(drop_tied(state), config, model.state_dict())
+    elif F.is_original(state):
+        raise ValueError(f"source is in D-FINE's / DEIMv2's original layout: expected a DFineConfig or Deimv2Config, "
+                         f"got {config.model_type!r}")
     elif O.is_original(state):
         if config.model_type != "rt_detr":
             raise ValueError(f"source is in lyuwenyu/RT-DETR's layout: expected an RTDetrConfig, got {config.model_type!r}")
