@@ -73,11 +73,12 @@ def test_deimv2_eval_equals_transformers(backbone, seed, kw):
 
 
 @pytest.mark.parametrize("vit", [{"apply_layernorm": False}, {"apply_layernorm": False, "out_indices": [1, 2, 3]},
-                                 {"key_bias": True}])
+                                 {"key_bias": True}, {"proj_bias": False, "mlp_bias": False, "use_gated_mlp": True,
+                                                      "hidden_act": "silu"}])
 def test_deimv2_dinov3_options_equal_transformers(vit):
     """``apply_layernorm=False`` (DEIMv2's distilled ViT-Tiny variants): only the last block's output normed, so
     out_indices [1, 2, 3] of 4 blocks take none through the norm; ``key_bias=True`` (DEIMv2-L / X's config) with
-    the key biases zero, as DINOv3's."""
+    the key biases zero, as DINOv3's; a gated MLP (DEIMv2-X's ViT-S+) without projection and MLP biases."""
     hf = reference(seed=5, backbone="dinov3", vit=vit)
     if vit.get("key_bias"):
         with torch.no_grad():

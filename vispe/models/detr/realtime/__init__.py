@@ -18,9 +18,10 @@
 """
 from vispe.models.detr.realtime.aifi import AIFI
 from vispe.models.detr.realtime.backbone import ResNetVd
+from vispe.models.detr.realtime.deimv2 import DEIMv2
 from vispe.models.detr.realtime.hybrid_encoder import HybridEncoder
 from vispe.models.detr.realtime.load import load_rtdetr
 from vispe.models.detr.realtime.model import RTDETR
 from vispe.models.detr.realtime.sincos import aifi_sincos, original_table
 
-__all__ = ["AIFI", "HybridEncoder", "RTDETR", "ResNetVd", "aifi_sincos", "load_rtdetr", "original_table"]
+__all__ = ["AIFI", "DEIMv2", "HybridEncoder", "RTDETR", "ResNetVd", "aifi_sincos", "load_rtdetr", "original_table"]
