@@ -45,6 +45,7 @@ COMMON = [
     (r"^model\.enc_output\.0\.", "decoder.enc_output.proj."),
     (r"^model\.enc_output\.1\.", "decoder.enc_output.norm."),
     (r"^model\.(denoising_class_embed|enc_score_head|enc_bbox_head)\.", r"decoder.\1."),
+    (r"^model\.weight_embedding\.", "decoder.tgt_embed."),
     (r"\.self_attn\.o_proj\.", ".self_attn.out_proj."),
 ]
 _BLOCK = r"^(encoder\.(?:fpn|pan)_blocks\.\d+)"
@@ -128,6 +129,19 @@ def test_a_dfine_checkpoint_in_the_original_layout_loads_with_its_config(tmp_pat
         load_detr({"model": original})
     with pytest.raises(ValueError, match="original layout: expected a DFineConfig or Deimv2Config, got 'rt_detr'"):
         load_detr(original, RTDetrConfig())
+
+
+def test_learned_query_content_lands_in_vispes_initial_queries():
+    """D-FINE's ``learn_query_content`` (``decoder.tgt_embed``): transformers 5.23's D-FINE cannot run it
+    (``self.weight_embedding.tile``: an nn.Embedding has no ``tile``), so the weights are compared, not outputs."""
+    hf = dfine_reference(seed=4, learn_initial_query=True)
+    original = to_original(hf.state_dict(), COMMON + DFINE)
+    assert "decoder.tgt_embed.weight" in original
+    ours = load_detr(original, hf.config)
+    torch.testing.assert_close(ours.selection.weight_embedding.weight, hf.model.weight_embedding.weight, rtol=0, atol=0)
+    with torch.no_grad():
+        out = ours.eval()(images())
+    assert out["pred_logits"].shape == (2, 30, 5) and torch.isfinite(out["pred_boxes"]).all()
 
 
 @pytest.mark.slow

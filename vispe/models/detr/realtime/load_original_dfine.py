@@ -19,7 +19,7 @@ is required. The originals' names (left) and vispe's:
 * ``decoder.decoder.layers.{i}`` (``cross_attn``, ``norm1..3`` - DEIMv2: RMSNorm ``scale`` -, ``linear1/2`` or
   DEIMv2's ``swish_ffn.w12`` (gate and up, fused) / ``w3``, ``gateway``), ``decoder.decoder.lqe_layers``,
   ``decoder.dec_score_head`` / ``dec_bbox_head``, ``decoder.{pre_bbox_head, query_pos_head, enc_output.{proj,
-  norm}, enc_score_head, enc_bbox_head, denoising_class_embed, up, reg_scale}``.
+  norm}, enc_score_head, enc_bbox_head, denoising_class_embed, tgt_embed, up, reg_scale}``.
 
 Dropped: ``decoder.anchors`` / ``valid_mask`` (vispe computes them at the input's size), the cross-attention's
 ``num_points_scale`` (1 / points, from the config), DINOv3's
@@ -85,6 +85,7 @@ RULES = [
     (r"^decoder\.enc_output\.(?:proj|0)\.", "selection.enc_output.0."),
     (r"^decoder\.enc_output\.(?:norm|1)\.", "selection.enc_output.1."),
     (r"^decoder\.denoising_class_embed\.", "denoising_class_embed."),
+    (r"^decoder\.tgt_embed\.", "selection.weight_embedding."),  # learn_query_content (learn_initial_query)
 ]
 #: the fusion blocks' remaining convolutions, by model type (module docstring)
 BLOCKS = {
