@@ -95,9 +95,10 @@ def _hf_eva_args(cfg) -> dict:
 
 
 def hf_state_dict(hf_model, *, gated: bool) -> dict:
-    """transformers' DINOv3ViTModel weights under timm Eva's keys."""
+    """transformers' DINOv3ViTModel weights (the model or its state_dict) under timm Eva's keys."""
     out = {}
-    for key, value in hf_model.state_dict().items():
+    state = hf_model if isinstance(hf_model, dict) else hf_model.state_dict()
+    for key, value in state.items():
         if key in ("embeddings.mask_token",) or key.startswith("rope_embeddings.") or value.numel() == 0:
             continue  # pre-training mask token; the RoPE has no weights; no register tokens
         k = (key.replace("embeddings.cls_token", "cls_token").replace("embeddings.register_tokens", "reg_token")

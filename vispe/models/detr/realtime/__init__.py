@@ -1,4 +1,4 @@
-"""The real-time DETRs (issue 48): RT-DETR (Zhao et al., CVPR 2024), RT-DETRv2 and D-FINE as vispe modules.
+"""The real-time DETRs (issue 48): RT-DETR (Zhao et al., CVPR 2024), RT-DETRv2, D-FINE and DEIMv2 as vispe modules.
 
     from vispe.models.detr.realtime import RTDETR, load_rtdetr   # or vispe.models.detr.load_detr(hf_model)
 
@@ -10,13 +10,18 @@
 * ``deform_v2``: RT-DETRv2's operator (per-level points, discrete sampling; D-FINE's without projections);
 * ``dfine_neck``, ``dfine_decoder``: D-FINE's fusion blocks and its FDR / LQE decoder;
 * ``backbone``: ResNet-vd as timm's ``resnet*d``; ``hgnetv2``: transformers' backbone wrapped (D-FINE);
-* ``model``: ``RTDETR``; ``load``: transformers' RT-DETR, RT-DETRv2, D-FINE; ``criterion``: VFL; ``train``: train.py.
+* ``deimv2``, ``deimv2_neck``, ``deimv2_decoder``, ``deimv2_backbone``: DEIMv2 (its fusion blocks, decoder layers,
+  DINOv3 + spatial tuning adapter backbone);
+* ``model``: ``RTDETR``; ``load``: transformers' RT-DETR, RT-DETRv2, D-FINE, DEIMv2 (``load_deimv2``), the original
+  layouts (``load_original``: lyuwenyu; ``load_original_dfine``: D-FINE / DEIM, DEIMv2); ``criterion``: VFL;
+  ``train``: train.py.
 """
 from vispe.models.detr.realtime.aifi import AIFI
 from vispe.models.detr.realtime.backbone import ResNetVd
+from vispe.models.detr.realtime.deimv2 import DEIMv2
 from vispe.models.detr.realtime.hybrid_encoder import HybridEncoder
 from vispe.models.detr.realtime.load import load_rtdetr
 from vispe.models.detr.realtime.model import RTDETR
 from vispe.models.detr.realtime.sincos import aifi_sincos, original_table
 
-__all__ = ["AIFI", "HybridEncoder", "RTDETR", "ResNetVd", "aifi_sincos", "load_rtdetr", "original_table"]
+__all__ = ["AIFI", "DEIMv2", "HybridEncoder", "RTDETR", "ResNetVd", "aifi_sincos", "load_rtdetr", "original_table"]

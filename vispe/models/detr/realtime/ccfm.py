@@ -92,9 +92,13 @@ class CCFM(nn.Module):
             top = lateral(inner[-1])
             inner[-1] = top
             up = F.interpolate(top, scale_factor=2.0, mode="nearest")  # (B, dim, 2h, 2w)
-            inner.append(block(torch.cat([up, maps[n - i - 1]], 1)))
+            inner.append(block(self.fuse(up, maps[n - i - 1])))
         inner.reverse()  # finest first
         outs = [inner[0]]
         for i, (down, block) in enumerate(zip(self.downsample_convs, self.pan_blocks)):
-            outs.append(block(torch.cat([down(outs[-1]), inner[i + 1]], 1)))
+            outs.append(block(self.fuse(down(outs[-1]), inner[i + 1])))
         return outs
+
+    def fuse(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """Two maps of one level -> a block's input: concatenated (RT-DETR, D-FINE; DEIMv2 sums).  # (B, 2 dim, h, w)"""
+        return torch.cat([a, b], 1)

@@ -1,4 +1,6 @@
-"""Load transformers' RT-DETR and RT-DETRv2 into ``vispe.models.detr.realtime.RTDETR``: ``load_rtdetr(source, config=None)``.
+"""Load transformers' RT-DETR, RT-DETRv2, D-FINE and DEIMv2 into ``vispe.models.detr.realtime.RTDETR`` (DEIMv2: its
+subclass ``DEIMv2``, ``load_deimv2``): ``load_rtdetr(source, config=None)``; the original repositories' layouts
+of RT-DETR (``load_original``), D-FINE / DEIM and DEIMv2 (``load_original_dfine``) with ``config=``.
 
 ``source``: a ``transformers.RTDetrForObjectDetection`` / ``RTDetrV2ForObjectDetection`` (its config gives
 the architecture), or its ``state_dict()`` with ``config=``, or a checkpoint of lyuwenyu/RT-DETR
@@ -29,12 +31,12 @@ from typing import Any
 import torch
 
 from vispe.models.detr.load.keys import rename_keys
-from vispe.models.detr.realtime import load_original as O
+from vispe.models.detr.realtime import load_deimv2 as D, load_original as O, load_original_dfine as F
 from vispe.models.detr.realtime.backbone import ResNetVd
 from vispe.models.detr.realtime.hgnetv2 import TransformersBackbone
 from vispe.models.detr.realtime.model import RTDETR
 
-MODEL_TYPES = ("rt_detr", "rt_detr_v2", "d_fine")
+MODEL_TYPES = ("rt_detr", "rt_detr_v2", "d_fine", "deimv2")
 
 _BACKBONE = [
     (r"^model\.backbone\.model\.embedder\.embedder\.0\.convolution\.", "backbone.body.conv1.0."),
@@ -72,7 +74,7 @@ def is_realtime(source, config=None) -> bool:
     ``RTDetrConfig`` (or RT-DETRv2's, D-FINE's)."""
     if config is not None:
         return getattr(config, "model_type", None) in MODEL_TYPES
-    if isinstance(source, dict) and O.is_original(source):  # refused below, for want of its config
+    if isinstance(source, dict) and (O.is_original(source) or F.is_original(source)):  # refused below, without config
         return True
     return isinstance(source, torch.nn.Module) and \
         getattr(getattr(source, "config", None), "model_type", None) in MODEL_TYPES
@@ -93,7 +95,7 @@ def rtdetr_kwargs(config) -> dict[str, Any]:
     if any(ch != c.encoder_hidden_dim for ch in c.decoder_in_channels):
         raise ValueError(f"config.decoder_in_channels={list(c.decoder_in_channels)}: expected every level at "
                          f"encoder_hidden_dim={c.encoder_hidden_dim} (the hybrid encoder's outputs)")
-    if c.model_type == "d_fine":
+    if c.model_type in ("d_fine", "deimv2"):
         return dfine_kwargs(c)
     b = c.backbone_config
     if getattr(b, "model_type", None) != "rt_detr_resnet" or b.layer_type != "bottleneck" or \
@@ -161,6 +163,17 @@ def rename(state: dict, model_type: str = "rt_detr") -> dict:
     """transformers' RT-DETR / RT-DETRv2 keys -> vispe's (q, k, v projections fused into ``qkv``). RT-DETRv2's
     top-level ``class_embed`` / ``bbox_embed`` (tied copies of the decoder's) are checked equal and dropped, its
     ``n_points_scale`` buffers checked against ``1 / P``."""
+    state = drop_tied(state)
+    if model_type == "d_fine":  # the decoder layers keep transformers' names; the rest as RT-DETR's
+        renamed, _ = rename_keys(state, _DFINE + [r for r in _REST if "decoder\\.layers" not in r[0]])
+        return renamed
+    renamed, _ = rename_keys(state, _BACKBONE + _REST)
+    return renamed
+
+
+def drop_tied(state: dict) -> dict:
+    """``state`` without the top-level head copies (checked equal to the decoder's) and the ``num_points_scale``
+    buffers (checked against ``1 / P``)."""
     state = dict(state)
     for key in [k for k in state if k.startswith(("class_embed.", "bbox_embed."))]:
         twin = "model.decoder." + key
@@ -172,11 +185,7 @@ def rename(state: dict, model_type: str = "rt_detr") -> dict:
         n = 1.0 / scale
         if not torch.allclose(n, n.round()) or not torch.allclose(n, n[:1].expand_as(n)):
             raise ValueError(f"{key}={scale.tolist()}: expected 1 / num_points, the same count at every level")
-    if model_type == "d_fine":  # the decoder layers keep transformers' names; the rest as RT-DETR's
-        renamed, _ = rename_keys(state, _DFINE + [r for r in _REST if "decoder\\.layers" not in r[0]])
-        return renamed
-    renamed, _ = rename_keys(state, _BACKBONE + _REST)
-    return renamed
+    return state
 
 
 def load_rtdetr(source, config=None, **overrides) -> RTDETR:
@@ -187,9 +196,9 @@ def load_rtdetr(source, config=None, **overrides) -> RTDETR:
         config, state = source.config, source.state_dict()
     elif isinstance(source, dict):
         if config is None:
-            raise ValueError("source is a state_dict without its configuration: pass config=RTDetrConfig(...) (for "
-                             "lyuwenyu/RT-DETR's checkpoints, the config of its model, e.g. as transformers' conversion "
-                             "script builds it)")
+            raise ValueError("source is a state_dict without its configuration: pass config=RTDetrConfig(...) / "
+                             "DFineConfig(...) / Deimv2Config(...) (for the original repositories' checkpoints, the "
+                             "config of its model, e.g. as transformers' conversion scripts build it)")
         state = source
     else:
         raise ValueError(f"source={type(source).__name__}: expected an RTDetrForObjectDetection or its state_dict")
@@ -197,10 +206,20 @@ def load_rtdetr(source, config=None, **overrides) -> RTDETR:
         raise ValueError(f"config.model_type={getattr(config, 'model_type', None)!r}: expected one of {MODEL_TYPES}")
     kwargs = {**rtdetr_kwargs(config), **overrides}
     spec = kwargs.pop("backbone")
-    backbone = TransformersBackbone(config, frozen_bn=bool(config.freeze_backbone_batch_norms)) if spec is None \
-        else ResNetVd(**spec)
-    model = RTDETR(backbone, **kwargs)
-    if O.is_original(state):
+    if config.model_type == "deimv2":
+        model: RTDETR = D.build(config, kwargs)
+    else:
+        backbone = TransformersBackbone(config, frozen_bn=bool(config.freeze_backbone_batch_norms)) \
+            if spec is None else ResNetVd(**spec)
+        model = RTDETR(backbone, **kwargs)
+    if config.model_type in ("d_fine", "deimv2") and F.is_original(state):
+        state = F.rename(state, config.model_type, model.state_dict())
+    elif config.model_type == "deimv2":
+        state = D.rename(drop_tied(state), config, model.state_dict())
+    elif F.is_original(state):
+        raise ValueError(f"source is in D-FINE's / DEIMv2's original layout: expected a DFineConfig or Deimv2Config, "
+                         f"got {config.model_type!r}")
+    elif O.is_original(state):
         if config.model_type != "rt_detr":
             raise ValueError(f"source is in lyuwenyu/RT-DETR's layout: expected an RTDetrConfig, got {config.model_type!r}")
         state = O.rename(state)
