@@ -129,3 +129,13 @@ def test_smoke_run_of_the_realtime_configs(tmp_path, config):
         assert model.decoder.layers[0].encoder_attn.points == [3, 6, 3]
         with pytest.raises(ValueError, match="detr.decoder_kwargs.weight_fgl=0.3: D-FINE's loss weights need"):
             task_and_model(["detr.decoder_kwargs.weight_fgl=0.3"])
+
+
+def test_coco_dfine_config_builds_dfine_on_resnet50d():
+    from vispe.models.detr.realtime.dfine_decoder import DFineDecoder
+    from vispe.train.detection_rtdetr import build_for_task
+    cfg = C.load_config(ROOT / "configs/coco_dfine.yaml", ["detr.backbone_weights=random", "detr.dec_layers=1"])
+    model, criterion = build_for_task(cfg, 80)
+    assert isinstance(model.decoder, DFineDecoder) and model.decoder.num_bins == 32 and model.num_queries == 300
+    assert model.backbone.channels == [512, 1024, 2048] and model.decoder.layers[0].encoder_attn.points == [3, 6, 3]
+    assert (criterion.weights["loss_fgl"], criterion.weights["loss_ddf"]) == (0.15, 1.5)
