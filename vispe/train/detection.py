@@ -82,11 +82,12 @@ class DetectionTask:
     @staticmethod
     def label(cfg: DictConfig) -> str:
         """The encoding, then the design where it is not DETR's own: ``sine (dab, boxrpb)``,
-        ``sine (dab, dec_pe=rope_axial)``, ``sine (dab, boxrpb, relation)``, ``sine (pe_at=input)``;
-        plain DETR is ``sine``."""
+        ``sine (dab, dec_pe=rope_axial)``, ``sine (dab, boxrpb, relation)``, ``sine (pe_at=input)``,
+        ``sincos2d (dfine)`` (``rtdetr`` with D-FINE's decoder); plain DETR is ``sine``."""
         d = cfg.detr
         pe_at = OmegaConf.to_container(d.pe_at) if OmegaConf.is_config(d.pe_at) else d.pe_at
-        parts = [d.decoder if d.decoder not in ("detr", None) else None,
+        decoder = "dfine" if d.decoder == "rtdetr" and (d.decoder_kwargs or {}).get("dfine") is not None else d.decoder
+        parts = [decoder if decoder not in ("detr", None) else None,
                  f"dec_pe={d.dec_pe}" if d.dec_pe is not None else None,
                  d.box_bias,
                  d.query_relation,

@@ -9,7 +9,9 @@ positions over each image's valid area), ``detr.backbone`` (``small_cnn``, the m
 ``detr.dim_feedforward`` (1024), ``detr.dropout``, ``detr.num_feature_levels`` (3), ``detr.n_points`` (4),
 ``detr.grid`` (given to encodings with a grid-sized table, e.g. ``relbias``), ``detr.decoder_kwargs``
 (``RTDETR``'s own: ``num_denoising``, ``label_noise_ratio``, ``box_noise_scale``, ``csp_blocks``,
-``expansion``, ``aifi_ffn``, ``v2`` and ``vfl_alpha``, ``vfl_gamma`` for the loss), ``task.cost_*`` and
+``expansion``, ``aifi_ffn``, ``v2``, ``dfine`` (D-FINE's FDR / LQE decoder and fusion blocks,
+``configs/shapes_dfine.yaml``) and ``vfl_alpha``, ``vfl_gamma``, D-FINE's ``weight_fgl`` (0.15), ``weight_ddf``
+(1.5) for the loss), ``task.cost_*`` and
 ``task.focal_*`` (the matcher), ``task.weight_ce`` (VFL), ``task.weight_bbox``, ``task.weight_giou``. Any
 other ``detr.*`` key changed from its default is refused by name (it would be ignored).
 """
@@ -32,7 +34,8 @@ from vispe.models.detr.realtime.model import RTDETR
 RESNET_VD = {"resnet50d": (3, 4, 6, 3), "resnet101d": (3, 4, 23, 3)}
 READ = ("backbone", "backbone_weights", "backbone_widths", "num_queries", "d_model", "nheads", "enc_layers", "dec_layers", "dim_feedforward",
         "dropout", "num_feature_levels", "n_points", "grid", "decoder", "decoder_kwargs", "aux_loss")
-LOSS_KWARGS = ("vfl_alpha", "vfl_gamma")
+#: ``detr.decoder_kwargs`` keys that go to the criterion, and their names there
+LOSS_KWARGS = {"vfl_alpha": "alpha", "vfl_gamma": "gamma", "weight_fgl": "weight_fgl", "weight_ddf": "weight_ddf"}
 
 
 class CNNLevels(nn.Module):
@@ -80,7 +83,11 @@ def build_for_task(cfg: DictConfig, num_classes: int) -> tuple[RTDETR, RealtimeC
         raise ValueError(f"config keys {', '.join('detr.' + k for k in changed)} with detr.decoder=rtdetr: RT-DETR does "
                          "not read them (its own options go in detr.decoder_kwargs)")
     kw: dict[str, Any] = dict(d.get("decoder_kwargs") or {})
-    loss_kw = {k[4:]: kw.pop(k) for k in LOSS_KWARGS if k in kw}
+    loss_kw = {name: kw.pop(k) for k, name in LOSS_KWARGS.items() if k in kw}
+    fdr_only = sorted(k for k in ("weight_fgl", "weight_ddf") if k in loss_kw)
+    if fdr_only and kw.get("dfine") is None:
+        raise ValueError(f"detr.decoder_kwargs.{fdr_only[0]}={loss_kw[fdr_only[0]]}: D-FINE's loss weights need "
+                         "detr.decoder_kwargs.dfine (D-FINE's decoder); RT-DETR has no FGL / DDF terms")
     levels = d["num_feature_levels"] or 3
     widths = tuple(d["backbone_widths"] or (32, 64, 128, 256))
     backbone: nn.Module

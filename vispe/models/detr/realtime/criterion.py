@@ -15,6 +15,13 @@ for the last layer (keys ``loss_ce`` = the VFL term, so train.py's ``loss_ce`` c
 (``_enc``) and, in training with denoising, every layer's denoising queries (``_dn_{i}``), whose
 positives are assigned by construction (no matching), normalised by ``num_boxes * G``. ``num_boxes``:
 the batch's box count (averaged over processes), at least 1.
+
+D-FINE (its layers' outputs carry ``pred_corners`` and ``ref_points``) adds on each such layer, matched and
+denoising alike, ``loss_fgl`` (weight 0.15) and ``loss_ddf`` (weight 1.5) of ``dfine_loss``, the teacher
+being the last layer of the same kind (its own ``loss_ddf`` is 0): as transformers' ``DFineLoss`` applied to
+every layer with its own distributions. (transformers' ``DFineForObjectDetectionLoss`` pairs layer i - 1's
+logits and boxes with layer i's distributions, because its logits have the pre-box head's entry in front
+and its distributions not, and gives the last layer no FGL; the original D-FINE pairs them as here.)
 """
 from __future__ import annotations
 
@@ -25,6 +32,7 @@ from torchvision.ops import box_convert, box_iou, generalized_box_iou_loss
 
 from vispe.models.detr.heads.criterion import _num_boxes, check_targets
 from vispe.models.detr.heads.matcher import HungarianMatcher
+from vispe.models.detr.realtime.dfine_loss import ddf, fgl
 
 
 def vfl(logits: torch.Tensor, target_class: torch.Tensor, iou: torch.Tensor, num_boxes, *, alpha: float = 0.75,
@@ -40,11 +48,13 @@ def vfl(logits: torch.Tensor, target_class: torch.Tensor, iou: torch.Tensor, num
 
 class RealtimeCriterion(nn.Module):
     def __init__(self, num_classes: int, matcher: HungarianMatcher | None = None, *, weight_vfl: float = 1.0,
-                 weight_bbox: float = 5.0, weight_giou: float = 2.0, alpha: float = 0.75, gamma: float = 2.0) -> None:
+                 weight_bbox: float = 5.0, weight_giou: float = 2.0, alpha: float = 0.75, gamma: float = 2.0,
+                 weight_fgl: float = 0.15, weight_ddf: float = 1.5) -> None:
         super().__init__()
         self.num_classes = num_classes
         self.matcher = matcher or HungarianMatcher(2.0, 5.0, 2.0, focal_alpha=0.25, focal_gamma=2.0)
-        self.weights = {"loss_ce": float(weight_vfl), "loss_bbox": float(weight_bbox), "loss_giou": float(weight_giou)}
+        self.weights = {"loss_ce": float(weight_vfl), "loss_bbox": float(weight_bbox), "loss_giou": float(weight_giou),
+                        "loss_fgl": float(weight_fgl), "loss_ddf": float(weight_ddf)}
         self.alpha, self.gamma = float(alpha), float(gamma)
 
     def forward(self, outputs: dict, targets: list[dict]) -> dict:
@@ -52,19 +62,22 @@ class RealtimeCriterion(nn.Module):
         device = outputs["pred_logits"].device
         targets = [{"boxes": t["boxes"].to(device), "labels": t["labels"].to(device, torch.int64)} for t in targets]
         num_boxes = _num_boxes(targets, device)
-        parts: list[tuple[str, dict, list, torch.Tensor]] = []
+        parts: list[tuple[str, dict, list, torch.Tensor, dict]] = []  # (suffix, output, matching, norm, teacher)
         for i, out in enumerate([outputs, *outputs.get("aux_outputs", [])]):
-            parts.append(("" if i == 0 else f"_{i - 1}", out, self.matcher(out, targets), num_boxes))
+            parts.append(("" if i == 0 else f"_{i - 1}", out, self.matcher(out, targets), num_boxes, outputs))
         if "enc_outputs" in outputs:
-            parts.append(("_enc", outputs["enc_outputs"], self.matcher(outputs["enc_outputs"], targets), num_boxes))
+            parts.append(("_enc", outputs["enc_outputs"], self.matcher(outputs["enc_outputs"], targets), num_boxes, {}))
         if "dn_outputs" in outputs:
             meta = outputs["dn_meta"]
             idx = [(pos.cpu(), torch.arange(len(t["labels"])).repeat(meta.num_groups)) for pos, t in zip(meta.positive, targets)]
             for i, out in enumerate(outputs["dn_outputs"]):
-                parts.append((f"_dn_{i}", out, idx, num_boxes * meta.num_groups))
+                parts.append((f"_dn_{i}", out, idx, num_boxes * meta.num_groups, outputs["dn_outputs"][-1]))
         losses, total = {}, torch.zeros((), device=device)
-        for suffix, out, indices, norm in parts:
-            for k, v in self._terms(out, targets, indices, norm).items():
+        for suffix, out, indices, norm, teacher in parts:
+            terms = self._terms(out, targets, indices, norm)
+            if "pred_corners" in out:
+                terms.update(self._fdr_terms(out, teacher, outputs, targets, indices, norm))
+            for k, v in terms.items():
                 losses[k + suffix] = v
                 total = total + self.weights[k] * v
         losses["loss"] = total
@@ -86,3 +99,15 @@ class RealtimeCriterion(nn.Module):
         return {"loss_ce": vfl(logits, cls, iou, norm, alpha=self.alpha, gamma=self.gamma),
                 "loss_bbox": F.l1_loss(src, tgt, reduction="sum") / norm,
                 "loss_giou": generalized_box_iou_loss(src_xyxy, tgt_xyxy, reduction="sum") / norm}
+
+    def _fdr_terms(self, out: dict, teacher: dict, outputs: dict, targets: list[dict], indices, norm) -> dict:
+        """D-FINE's FGL and DDF of one layer (``dfine_loss``; module docstring)."""
+        corners, boxes = out["pred_corners"].float(), out["pred_boxes"].float()  # (B, Q, 4 (N+1)), (B, Q, 4)
+        b = torch.cat([torch.full_like(src, i) for i, (src, _) in enumerate(indices)]).to(corners.device)
+        q = torch.cat([src for src, _ in indices]).to(corners.device)
+        tgt = torch.cat([t["boxes"][j.to(corners.device)] for t, (_, j) in zip(targets, indices)]).float()  # (M, 4)
+        up, reg_scale = outputs["up"].float(), outputs["reg_scale"].float()
+        iou = box_iou(box_convert(boxes[b, q], "cxcywh", "xyxy"), box_convert(tgt, "cxcywh", "xyxy")).diagonal()
+        return {"loss_fgl": fgl(corners[b, q], out["ref_points"][b, q].float(), boxes[b, q], tgt, up, reg_scale, norm),
+                "loss_ddf": ddf(corners, teacher["pred_corners"].float(), teacher["pred_logits"].float(), (b, q),
+                                iou.detach())}

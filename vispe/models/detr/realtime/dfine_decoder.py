@@ -15,7 +15,9 @@ W(n) (``up``, ``reg_scale``) gives each edge's distance from ``b0``'s centre in 
 (``distance2bbox``); the refined box is the next layer's reference (detached). Class scores:
 ``class_embed[i](t)`` plus the LQE term, an MLP of each edge distribution's top-4 probabilities and their
 mean. Outputs per layer (training: every layer with the pre-box head's at the front; evaluation: the
-last layer only, as transformers): logits (B, layers, T, K), boxes (B, layers, T, 4) (cx, cy, w, h).
+last layer only, as transformers): logits (B, layers, T, K), boxes (B, layers, T, 4) (cx, cy, w, h); and for
+D-FINE's losses (``dfine_loss``) each of those layers' edge distributions (the pre-box head's has none)
+``corners`` (B, layers', T, 4 (N + 1)) and the initial box ``b0`` (B, T, 4).
 """
 from __future__ import annotations
 
@@ -113,15 +115,15 @@ class DFineDecoder(nn.Module):
         self.up = nn.Parameter(torch.tensor([float(up)]), requires_grad=False)
 
     def forward(self, t: torch.Tensor, box_logits: torch.Tensor, memory: torch.Tensor, levels: Levels,
-                attn_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """As ``RealtimeDecoder.forward`` (module docstring for what the layers' outputs are)."""
+                attn_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """As ``RealtimeDecoder.forward``, then ``corners`` and ``b0`` (module docstring)."""
         project = weighting_function(self.num_bins, self.up, self.reg_scale)  # (N+1,)
         ref = box_logits.sigmoid()  # (B, T, 4) detached reference
         L = len(levels)
         allowed = None if attn_mask is None else ~attn_mask
         prev_t: torch.Tensor | float = 0.0
         prev_corners: torch.Tensor | float = 0.0
-        logits, boxes = [], []
+        logits, boxes, dists = [], [], []
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             pos = self.query_pos_head(ref).clamp(-10, 10)  # (B, T, d)
@@ -141,4 +143,5 @@ class DFineDecoder(nn.Module):
                     boxes.append(first)
                 logits.append(self.lqe_layers[i](scores, corners))
                 boxes.append(box)
-        return torch.stack(logits, 1), torch.stack(boxes, 1)
+                dists.append(corners)
+        return torch.stack(logits, 1), torch.stack(boxes, 1), torch.stack(dists, 1), initial

@@ -134,22 +134,41 @@ class RTDETR(nn.Module):
             content = torch.cat([groups.content, content], 1)  # (B, P + Q, d)
             ref = torch.cat([groups.box_logits, ref], 1)
             attn_mask, P = groups.attn_mask, groups.pad_size
-        logits, boxes = self.decoder(content, ref, memory, levels, attn_mask)  # (B, layers, P + Q, K|4)
+        logits, boxes, *fdr = self.decoder(content, ref, memory, levels, attn_mask)  # (B, layers, P + Q, K|4)
         enc_boxes = sel.enc_boxes
         if scale is not None:  # the whole map's units -> each image's (the targets' and COCO's)
             boxes, enc_boxes = boxes / scale[:, None], enc_boxes / scale
+        layer = _layer_outputs(logits, boxes, fdr, scale)
         out: dict[str, Any] = {
-            "pred_logits": logits[:, -1, P:], "pred_boxes": boxes[:, -1, P:],
-            "aux_outputs": [{"pred_logits": logits[:, i, P:], "pred_boxes": boxes[:, i, P:]}
-                            for i in range(logits.shape[1] - 1)],
+            **layer(-1, slice(P, None)),
+            "aux_outputs": [layer(i, slice(P, None)) for i in range(logits.shape[1] - 1)],
             "enc_outputs": {"pred_logits": sel.enc_logits, "pred_boxes": enc_boxes},
             "class_head": "sigmoid",
         }
+        if fdr:  # D-FINE's losses read W(n)'s parameters (vispe.models.detr.realtime.dfine_loss)
+            out["up"], out["reg_scale"] = self.decoder.up, self.decoder.reg_scale
         if groups is not None:
-            out["dn_outputs"] = [{"pred_logits": logits[:, i, :P], "pred_boxes": boxes[:, i, :P]}
-                                 for i in range(logits.shape[1])]
+            out["dn_outputs"] = [layer(i, slice(None, P)) for i in range(logits.shape[1])]
             out["dn_meta"] = groups
         return out
+
+
+def _layer_outputs(logits: torch.Tensor, boxes: torch.Tensor, fdr: list, scale: torch.Tensor | None):
+    """``layer(i, queries)``: layer i's output dict; with D-FINE's ``fdr = [corners, b0]`` also its edge
+    distributions ``pred_corners`` and initial boxes ``ref_points`` (in the boxes' units), but for the pre-box
+    head's entry (the first of ``logits`` when it has one more layer than ``corners``)."""
+    corners, initial = fdr if fdr else (None, None)
+    first = logits.shape[1] - corners.shape[1] if corners is not None else 0
+    if initial is not None and scale is not None:
+        initial = initial / scale
+
+    def layer(i: int, q: slice) -> dict[str, Any]:
+        d = {"pred_logits": logits[:, i, q], "pred_boxes": boxes[:, i, q]}
+        j = i % logits.shape[1] - first
+        if corners is not None and j >= 0:
+            d["pred_corners"], d["ref_points"] = corners[:, j, q], initial[:, q]
+        return d
+    return layer
 
 
 def _valid_scale(mask: torch.Tensor | None, shape) -> torch.Tensor | None:
