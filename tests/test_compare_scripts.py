@@ -134,8 +134,9 @@ def test_init_relation_script_runs_the_table3_recipe(tmp_path):
 
 def test_dino_script_asks_for_the_rows_its_tables_name(tmp_path):
     """run_dino.sh (issue 47): DINO, without denoising and without look-forward-twice at the deformable rows'
-    budget (16 epochs), 3 seeds each, and DINO at 8 epochs (the candidate default), 3 seeds; each point's
-    config is the design its name says, and the runs of the CSVs (when there are some) are among the points."""
+    budget (16 epochs), 3 seeds each, DAB's anchors in DINO's query formulation beside them (3 seeds), and
+    DINO at 8 epochs (the candidate default), 3 seeds; each point's config is the design its name says, and
+    the runs of the CSVs (when there are some) are among the points."""
     import sys as _sys
     _sys.path.insert(0, str(HERE))
     import tables_dino
@@ -144,14 +145,21 @@ def test_dino_script_asks_for_the_rows_its_tables_name(tmp_path):
     long = {n: cfg for n, cfg in points if cfg.train.epochs == 16}
     short = {n: cfg for n, cfg in points if cfg.train.epochs == 8}
     ten = {n: cfg for n, cfg in points if cfg.train.epochs == 10}
-    assert len(points) == 13 and len(long) == 9 and set(short) == {f"sine+epochs-8_seed{s}" for s in range(3)}
+    assert len(points) == 16 and len(long) == 12 and set(short) == {f"sine+epochs-8_seed{s}" for s in range(3)}
     assert set(ten) == {"sine+epochs-10_seed0"} and ten["sine+epochs-10_seed0"].train.eval_every == 2
-    assert {n.rsplit("_seed", 1)[0] for n in long} == {r for _, r, _ in tables_dino.DINO_ROWS}
+    assert {n.rsplit("_seed", 1)[0] for n in long} == {r for _, r, _ in tables_dino.DINO_ROWS + [tables_dino.DAB_ROW]}
     for name in ("shapes_dino.csv", "shapes_dino_short.csv"):
         if (HERE / "data" / name).is_file():
             assert csv_runs(name) <= set(long if name == "shapes_dino.csv" else {**short, **ten}), name
     for name, cfg in points:
         kwargs = OmegaConf.to_container(cfg.detr.decoder_kwargs)
+        if "decoder-dab" in name:  # DAB in DINO's formulation: none of DINO's options, the default formulation
+            assert (cfg.detr.attention, cfg.detr.decoder, kwargs) == ("deformable", "dab", {}), name
+            task = get_task(cfg.task)
+            queries = task.model(cfg, task.info(cfg), 64).queries
+            assert (type(queries).__name__, queries.formulation, queries.look_forward_twice) == ("DabQueries", "dino",
+                                                                                               False), name
+            continue
         assert (cfg.detr.attention, cfg.detr.decoder) == ("deformable", "dino"), name
         assert kwargs.get("dn_number") == (0 if "dn_number-0" in name else 3), name
         assert kwargs.get("look_forward_twice", True) == ("look_forward_twice-false" not in name), name

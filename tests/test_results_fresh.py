@@ -156,6 +156,27 @@ def test_unknown_and_non_ancestor_commits_are_stale(repo):
     assert freshness.check(repo)[0].stale == {side: "not an ancestor of HEAD"}
 
 
+def test_a_dirty_run_is_judged_at_its_commit_and_never_fresh(repo):
+    """vispe.sweep names a run started from a tree with uncommitted changes ``<sha>+dirty``: it was read as
+    "not in this repository's history" (the suffix went to git, and the pages cut it off at 7 characters)."""
+    a = git(repo, "rev-parse", "HEAD")
+    f = write_csv(repo, "digits_cell.csv", [a + "+dirty", a])
+    v = freshness.check(repo)[0]
+    assert v.stale == {a + "+dirty": "ran with uncommitted changes in its tree (not recorded which)"}  # a itself: fresh
+    assert f"{a[:7]}+dirty: ran with uncommitted" in freshness.explain(v)
+    assert f"| {a[:7]}+dirty, {a[:7]} |" in freshness.markdown([v], repo)
+    commit_change(repo, "vispe/attention.py")
+    stale = freshness.check(repo)[0].stale
+    assert stale[a + "+dirty"] == ("ran with uncommitted changes in its tree (not recorded which); "
+                                   "1 file(s) changed since: vispe/attention.py")
+    assert stale[a] == "1 file(s) changed since: vispe/attention.py"
+    freshness.mark(str(f), "dirty rows", root=repo, evidence="equal smoke runs")  # a mark covers the dirty commit
+    assert states(repo) == {"digits_cell.csv": "stale, marked"}
+    write_csv(repo, "digits_cell.csv", ["0123456789abcdef0123456789abcdef01234567+dirty"])
+    assert freshness.check(repo)[0].stale == {
+        "0123456789abcdef0123456789abcdef01234567+dirty": "not in this repository's history"}
+
+
 def test_csv_without_commit_and_curves(repo):
     d = repo / "results" / "compare" / "data"
     (d / "leak.csv").write_text("a,b\n1,2\n")

@@ -121,14 +121,28 @@ def changed(then: dict[str, str], now: dict[str, str]) -> list[str]:
     return sorted(p for p in then.keys() | now.keys() if then.get(p) != now.get(p))
 
 
+#: vispe.sweep's suffix for a run started from a tree with uncommitted changes (``<sha>+dirty``)
+DIRTY = "+dirty"
+
+
+def short(commit: str) -> str:
+    """``commit`` as the pages name it: 7 hex digits, ``+dirty`` kept (a dirty run is not its commit's)."""
+    base = commit.removesuffix(DIRTY)
+    return base[:7] + commit[len(base):]
+
+
 def commit_state(root: Path, commit: str, csv: Path, now: dict[str, str]) -> str | None:
-    """None when ``commit`` is fresh (its run files equal ``now``'s), else why not."""
-    if _git(root, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}").returncode != 0:
+    """None when ``commit`` is fresh (its run files equal ``now``'s), else why not. A ``<sha>+dirty`` run is
+    judged at ``<sha>`` and never fresh: which uncommitted edits it ran with is not recorded."""
+    base = commit.removesuffix(DIRTY)
+    if _git(root, "rev-parse", "--verify", "--quiet", f"{base}^{{commit}}").returncode != 0:
         return "not in this repository's history"
-    if _git(root, "merge-base", "--is-ancestor", commit, "HEAD").returncode != 0:
+    if _git(root, "merge-base", "--is-ancestor", base, "HEAD").returncode != 0:
         return "not an ancestor of HEAD"
-    diff = changed(commit_files(root, commit, csv), now)
-    return None if not diff else f"{len(diff)} file(s) changed since: {', '.join(diff[:4])}" + (" ..." if len(diff) > 4 else "")
+    diff = changed(commit_files(root, base, csv), now)
+    why = (["ran with uncommitted changes in its tree (not recorded which)"] if base != commit else []) + (
+        [f"{len(diff)} file(s) changed since: {', '.join(diff[:4])}" + (" ..." if len(diff) > 4 else "")] if diff else [])
+    return "; ".join(why) or None
 
 
 def load_marks(root: Path) -> dict:
@@ -246,12 +260,12 @@ def explain(v: Verdict) -> str:
     if v.state == "fresh":
         return "every file its runs use is as it was at the CSV's commit(s)"
     if v.state == "record":
-        return f"kept as the record of {', '.join(c[:7] for c in v.commits) or 'its commit'}, not as today's code: {v.mark}"
+        return f"kept as the record of {', '.join(short(c) for c in v.commits) or 'its commit'}, not as today's code: {v.mark}"
     if v.state == "stale, marked":
         return f"{v.mark} Evidence: {v.evidence}"
     if v.expired and v.expired != [NO_HASHES]:
         return "code changed since the mark's evidence: " + ", ".join(v.expired)
-    return "code changed since these runs: " + "; ".join(f"{c[:7]}: {s}" for c, s in v.stale.items())
+    return "code changed since these runs: " + "; ".join(f"{short(c)}: {s}" for c, s in v.stale.items())
 
 
 def status_line(v: Verdict) -> str:
@@ -267,7 +281,7 @@ def markdown(verdicts: list[Verdict], root: Path = ROOT) -> str:
     lines = ["| CSV | commit(s) | runs, summed time | state | why not rerun, evidence / what changed |",
              "|---|---|---|---|---|"]
     for v in verdicts:
-        lines.append(f"| `{v.csv}` | {', '.join(c[:7] for c in v.commits) or '-'} | {effort(root / v.csv)} | "
+        lines.append(f"| `{v.csv}` | {', '.join(short(c) for c in v.commits) or '-'} | {effort(root / v.csv)} | "
                      f"{v.state} | {explain(v)} |")
     return "\n".join(lines)
 

@@ -1,7 +1,7 @@
 """Issue 47's tables (results/compare/detr_dino.md), written from the committed CSVs by update.py.
 
 ``dino_table``: DINO and its ablations (data/shapes_dino.csv) beside the deformable rows they are
-compared with (data/shapes_deformable_detr.csv); ``epochs_table``: the first evaluated epoch at which
+compared with (data/shapes_deformable_detr.csv) and DAB's anchors in DINO's query formulation (data/shapes_dino.csv); ``epochs_table``: the first evaluated epoch at which
 each DINO run's AP reaches the two-stage row's mean (data/shapes_dino_curves.csv); ``short_table``: DINO
 at a shorter schedule on one thread, the candidate detection default (data/shapes_dino_short.csv);
 ``step_ratio``: the step-time ratio that bench/dino_step.py wrote into results/bench_dino_step.md.
@@ -22,6 +22,10 @@ REFERENCE_ROWS = [  # (row, run name without _seedN in shapes_deformable_detr)
     ("two-stage Deformable DETR (+ refinement), two threads", TWO_STAGE),
     ("DAB anchors on the deformable decoder, `formulation=\"legacy\"` (before issue 46), two threads", "sine+decoder-dab"),
 ]
+#: DAB's anchors on the deformable operator after issue 46 (DINO's query formulation without its three parts),
+#: in shapes_dino: `--vary detr.decoder=dab` with `detr.decoder_kwargs={}`, beside the legacy row
+DAB_ROW = ("DAB anchors on the deformable decoder, DINO's query formulation (`detr.decoder=dab`: "
+           "no denoising, no query selection, no look-forward-twice)", "sine+decoder-dab", "-")
 DINO_ROWS = [  # (row, run name without _seedN in shapes_dino, published COCO AP (R50, 4 scales))
     ("DINO (`detr.decoder=dino`: denoising, mixed query selection, look-forward-twice)", "sine", "12 ep: 49.0"),
     ("DINO without denoising (`dn_number=0`)", "sine+dn_number-0", "-"),
@@ -47,11 +51,12 @@ def _train_size(g: pd.DataFrame) -> pd.DataFrame:
 def dino_table(ap_row: Callable[[str, pd.DataFrame, str], str]) -> str:
     """The rows, each through update.py's ``ap_row`` (the deformable table's cells); missing ones pending."""
     lines = list(HEADER)
-    for csv, rows in (("shapes_deformable_detr", [(r, n, "-") for r, n in REFERENCE_ROWS]), ("shapes_dino", DINO_ROWS)):
-        for row, run, paper in rows:
-            g = _runs(csv, run)
-            lines.append(ap_row(row, g, paper) if g is not None
-                         else f"| {row} | - | not finished | - | - | - | 0 | - | - | {paper} |")
+    rows = [("shapes_deformable_detr", r, n, "-") for r, n in REFERENCE_ROWS] + [("shapes_dino", *DAB_ROW)] + [
+        ("shapes_dino", *r) for r in DINO_ROWS]
+    for csv, row, run, paper in rows:
+        g = _runs(csv, run)
+        lines.append(ap_row(row, g, paper) if g is not None
+                     else f"| {row} | - | not finished | - | - | - | 0 | - | - | {paper} |")
     return "\n".join(lines)
 
 
@@ -70,7 +75,7 @@ def epochs_table() -> str:
     epochs = sorted(int(e) for e in ev["epoch"].unique())
     lines = ["| run | " + " | ".join(f"AP at epoch {e}" for e in epochs) + f" | first epoch with AP >= {target:.3f} |",
              "|---|" + "---|" * (len(epochs) + 1)]
-    for _, run, _ in DINO_ROWS:
+    for _, run, _ in DINO_ROWS + [DAB_ROW]:
         for name in sorted(n for n in ev["run"].unique() if re.sub(r"_seed\d+$", "", n) == run):
             r = ev[ev["run"] == name].set_index("epoch")["test_AP"]
             cells = [f"{r[e]:.3f}" if e in r.index else "-" for e in epochs]
