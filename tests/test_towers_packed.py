@@ -107,3 +107,23 @@ def test_which_path_runs(originals):
         t.path = "packd"
         with pytest.raises(ValueError, match="path='packd': expected one of"):
             t(x, torch.tensor([[1, 4, 4], [1, 2, 8]]))
+
+
+def test_qwen2_5_windows_are_index_sets_and_flex_gives_the_same(originals):
+    """Qwen2.5-VL's windows on the packed path are TokenGroups (gathered, no mask) in every windowed block;
+    the flex document mask (forward, CPU) gives the original's outputs too."""
+    from vispe.kernels.grouped import TokenGroups
+
+    m = originals["qwen2_5_vl"]
+    args, _ = _inputs("qwen2_5_vl", m, torch.Generator().manual_seed(3))
+    t = convert_vit(m)
+    ops = t._windows((10, 6), None, "cpu")
+    assert set(ops) == set(range(len(t.blocks))) - set(t.fullatt_block_indexes) and ops
+    assert all(isinstance(op, TokenGroups) and not op.identity for op in ops.values())
+    assert not isinstance(t._windows((10, 6), torch.zeros(1, 10, 6, dtype=torch.bool), "cpu")[0], TokenGroups)
+    with torch.no_grad():
+        want = m(*args).last_hidden_state
+        t.window_impl = "flex"
+        got = t(*args).last_hidden_state
+    assert t.last_path == "packed"
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
