@@ -127,3 +127,75 @@ def test_qwen2_5_windows_are_index_sets_and_flex_gives_the_same(originals):
         got = t(*args).last_hidden_state
     assert t.last_path == "packed"
     torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+
+
+# --- SigLIP2 (NaFlex): images of several sizes in padded rows -------------------------------------------------
+SIGLIP2_SHAPES, SIGLIP2_L = [[3, 6], [1, 9], [9, 1], [3, 6], [2, 2], [4, 5]], 21  # 1-row and 1-column images
+
+
+def _siglip2(pe=None):
+    from tests.test_towers_siglip2 import hf_siglip2, packed
+
+    hf = hf_siglip2()
+    return hf, convert_vit(hf, pe), packed(SIGLIP2_SHAPES, SIGLIP2_L, seed=4)
+
+
+@pytest.mark.parametrize("pe", [None, "rope_axial"])
+def test_siglip2_packed_path_matches_the_original_on_valid_slots(pe):
+    """Valid slots of every layer's state and the pooled output equal transformers' (native table); padded slots 0.
+    With rope_axial, "auto" takes the packed path and equals the canvas path."""
+    hf, m, (pv, am, ss) = _siglip2(pe)
+    valid = am.bool()
+    with torch.no_grad():
+        if pe is None:
+            want = hf(pv, am, ss, output_hidden_states=True)
+            assert m(pv, am, ss).last_hidden_state is not None and m.last_path == "canvas"  # auto: every slot
+            m.path = "packed"
+        else:
+            m.path = "canvas"
+            want = m(pv, am, ss, output_hidden_states=True)
+            m.path = "auto"
+        got = m(pv, am, ss, output_hidden_states=True)
+    assert m.last_path == "packed"
+    assert want.last_hidden_state[valid].abs().max() > 0.5
+    torch.testing.assert_close(got.last_hidden_state[valid], want.last_hidden_state[valid], rtol=0, atol=1e-4)
+    assert (got.last_hidden_state[~valid] == 0).all()
+    torch.testing.assert_close(got.pooler_output, want.pooler_output, rtol=0, atol=1e-4)
+    assert len(got.hidden_states) == len(want.hidden_states) == 3
+    for a, b in zip(got.hidden_states, want.hidden_states, strict=True):
+        torch.testing.assert_close(a[valid], b[valid], rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("pe", [None, "rope_mixed"])
+def test_siglip2_packed_gradients_equal_the_canvas_paths(pe):
+    _, m, (pv, am, ss) = _siglip2(pe)
+    m = m.double().train()
+    valid = am.bool()
+    grads, outs = {}, {}
+    for path in ("canvas", "packed"):
+        m.path = path
+        m.zero_grad()
+        x = pv.double().requires_grad_(True)
+        out = m(x, am, ss)
+        assert m.last_path == path
+        last = out.last_hidden_state[valid]  # (T, D) valid slots (the canvas path's padded slots differ by design)
+        loss = (last * torch.linspace(-1, 1, last.numel(), dtype=last.dtype).view_as(last)).sum() \
+            + out.pooler_output.square().sum()
+        loss.backward()
+        outs[path] = last.detach()
+        grads[path] = [x.grad] + [p.grad for p in m.parameters() if p.grad is not None]
+    torch.testing.assert_close(outs["packed"], outs["canvas"], rtol=0, atol=1e-5)
+    assert len(grads["packed"]) == len(grads["canvas"]) > 5
+    for a, b in zip(grads["packed"], grads["canvas"], strict=True):
+        assert (a - b).abs().max() <= 1e-5 * max(1.0, b.abs().max().item())
+
+
+def test_siglip2_an_image_alone_equals_the_image_packed():
+    _, m, (pv, am, ss) = _siglip2()
+    m.path = "packed"
+    with torch.no_grad():
+        out = m(pv, am, ss)
+        for b, (h, w) in enumerate(ss.tolist()):
+            alone = m(pv[b:b + 1, :h * w], am[b:b + 1, :h * w], ss[b:b + 1])
+            torch.testing.assert_close(out.last_hidden_state[b, :h * w], alone.last_hidden_state[0], rtol=0, atol=1e-5)
+            torch.testing.assert_close(out.pooler_output[b], alone.pooler_output[0], rtol=0, atol=1e-5)
