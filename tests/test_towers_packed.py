@@ -199,3 +199,76 @@ def test_siglip2_an_image_alone_equals_the_image_packed():
             alone = m(pv[b:b + 1, :h * w], am[b:b + 1, :h * w], ss[b:b + 1])
             torch.testing.assert_close(out.last_hidden_state[b, :h * w], alone.last_hidden_state[0], rtol=0, atol=1e-5)
             torch.testing.assert_close(out.pooler_output[b], alone.pooler_output[0], rtol=0, atol=1e-5)
+
+
+# --- Idefics3 (images padded into one batch) and Llama 4 (tiles of one size) ---------------------------------
+IDEFICS3_RECTS = [(7, 3), (1, 9), (9, 1), (7, 3), (4, 5)]  # (h, w) patches of each image in a 9x9-patch batch
+
+
+def _idefics3(pe=None):
+    from tests.test_towers_siglip2 import hf_idefics3
+
+    hf = hf_idefics3()
+    pm = torch.zeros(len(IDEFICS3_RECTS), 9, 9, dtype=torch.bool)
+    for b, (h, w) in enumerate(IDEFICS3_RECTS):
+        pm[b, :h, :w] = True
+    x = torch.randn(len(IDEFICS3_RECTS), 3, 36, 36, generator=torch.Generator().manual_seed(5))
+    return hf, convert_vit(hf, pe), x * pm.repeat_interleave(4, 1).repeat_interleave(4, 2)[:, None], pm
+
+
+def test_idefics3_packed_path_matches_the_original_on_valid_patches_and_alone():
+    hf, m, x, pm = _idefics3()
+    valid = pm.flatten(1)
+    with torch.no_grad():
+        want = hf(x, pm, output_hidden_states=True)
+        assert m(x, pm).last_hidden_state is not None and m.last_path == "canvas"  # auto: every patch
+        m.path = "packed"
+        got = m(x, pm, output_hidden_states=True)
+        assert m.last_path == "packed"
+        assert want.last_hidden_state[valid].abs().max() > 0.5
+        torch.testing.assert_close(got.last_hidden_state[valid], want.last_hidden_state[valid], rtol=0, atol=1e-4)
+        assert (got.last_hidden_state[~valid] == 0).all()
+        for a, b in zip(got.hidden_states, want.hidden_states, strict=True):
+            torch.testing.assert_close(a[valid], b[valid], rtol=0, atol=1e-4)
+        for b, (h, w) in enumerate(IDEFICS3_RECTS):  # alone = packed
+            alone = m(x[b:b + 1, :, :4 * h, :4 * w]).last_hidden_state[0]  # (h*w, C), no mask
+            torch.testing.assert_close(got.last_hidden_state[b].view(9, 9, -1)[:h, :w].reshape(h * w, -1), alone,
+                                       rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("pe", [None, "rope_mixed"])
+def test_idefics3_packed_gradients_equal_the_canvas_paths(pe):
+    _, m, x0, pm = _idefics3(pe)
+    m = m.double().train()
+    valid = pm.flatten(1)
+    grads, outs = {}, {}
+    for path in ("canvas", "packed"):
+        m.path = path
+        m.zero_grad()
+        x = x0.double().requires_grad_(True)
+        last = m(x, pm).last_hidden_state[valid]  # (T, C) valid patches
+        assert m.last_path == path
+        (last * torch.linspace(-1, 1, last.numel(), dtype=last.dtype).view_as(last)).sum().backward()
+        outs[path] = last.detach()
+        grads[path] = [x.grad] + [p.grad for p in m.parameters() if p.grad is not None]
+    torch.testing.assert_close(outs["packed"], outs["canvas"], rtol=0, atol=1e-5)
+    assert len(grads["packed"]) == len(grads["canvas"]) > 5
+    for a, b in zip(grads["packed"], grads["canvas"], strict=True):
+        assert (a - b).abs().max() <= 1e-5 * max(1.0, b.abs().max().item())
+
+
+def test_llama4_tiles_are_one_size_so_the_canvas_is_the_packed_path():
+    """Llama 4 takes (B, 3, H, W) tiles: "auto" runs the canvas (one group, no padding), "packed" the same call."""
+    m = pt.TOWERS["llama4"].build("tiny")
+    t = convert_vit(m)
+    s = m.config.image_size
+    x = torch.randn(3, 3, s, s, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        want = m(x).last_hidden_state
+        canvas = t(x).last_hidden_state
+        assert t.last_path == "canvas"
+        t.path = "packed"
+        packed = t(x).last_hidden_state
+        assert t.last_path == "packed"
+    torch.testing.assert_close(canvas, want, rtol=0, atol=1e-4)
+    torch.testing.assert_close(packed, canvas, rtol=0, atol=0)
