@@ -272,3 +272,21 @@ def test_llama4_tiles_are_one_size_so_the_canvas_is_the_packed_path():
         assert t.last_path == "packed"
     torch.testing.assert_close(canvas, want, rtol=0, atol=1e-4)
     torch.testing.assert_close(packed, canvas, rtol=0, atol=0)
+
+
+def test_the_kernel_report_reads_the_gathered_windows_as_the_fused_kernel_and_flex_as_flex(originals):
+    """On the CPU: the windows gathered run SDPA's fused kernel (no math kernel, no mask); flex is named flex."""
+    from vispe.kernels.explain import explain
+
+    m = originals["qwen2_5_vl"]
+    args, _ = _inputs("qwen2_5_vl", m, torch.Generator().manual_seed(7))
+    t = convert_vit(m)
+    kernels = {}
+    for impl in ("gather", "flex"):
+        t.window_impl = impl
+        with torch.no_grad():
+            kernels[impl] = {r.layer: r.kernel for r in explain(t, *args)}
+    for i in range(len(t.blocks)):
+        windowed = i not in t.fullatt_block_indexes
+        assert kernels["gather"][f"blocks.{i}.attn"] == "flash"
+        assert kernels["flex"][f"blocks.{i}.attn"] == ("flex" if windowed else "flash")

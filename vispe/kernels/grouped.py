@@ -19,8 +19,8 @@ of its own group only, as Qwen2.5-VL's window attention does with ``cu_window_se
   ``tests/test_gpu_towers_packed.py``). On the CPU torch runs it eagerly, forward only (it has no
   CPU backward): refused with a gradient.
 
-Both are reported by ``vispe.kernels.explain`` through their profiler ranges (``vispe::grouped_attention``:
-its SDPA kernel follows; ``vispe::flex_attention``).
+The kernel report (``vispe.kernels.explain``) names the SDPA kernel the gathered windows run (the fused
+"flash" one on the CPU, no mask) and "flex" for the flex path (its ``vispe::flex_attention`` range).
 """
 from __future__ import annotations
 
