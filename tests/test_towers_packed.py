@@ -58,7 +58,7 @@ def test_packed_path_matches_the_original(name, originals):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl", "pixtral"])
+@pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "pixtral"])
 @pytest.mark.parametrize("pe", [None, "rope_mixed"])
 def test_packed_gradients_equal_the_canvas_paths(name, pe, originals):
     m = originals[name]
@@ -81,7 +81,7 @@ def test_packed_gradients_equal_the_canvas_paths(name, pe, originals):
         assert (a - b).abs().max() <= 1e-5 * max(1.0, b.abs().max().item())
 
 
-@pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl", "pixtral"])
+@pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "pixtral"])
 def test_a_frame_alone_equals_the_frame_packed(name, originals):
     m = originals[name]
     args, alone = _inputs(name, m, torch.Generator().manual_seed(2))
