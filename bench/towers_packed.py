@@ -3,7 +3,9 @@ forward+backward time of ``convert_vit(original)`` (``tower.path="auto"``: the p
 differ in size, the canvas where they are equal; SigLIP2 and Idefics3 also with ``path="packed"``, which
 their "auto" leaves to the canvas for the native table) over transformers' original, random weights,
 interleaved rounds in one process, ratios (medians over rounds of per-round ratios, wall clock)
-printed side by side with each row's output error (valid tokens).
+printed side by side with each row's output error (valid tokens). The CPU-time ratios (this process's
+CPU seconds, ``bench/_common.timed``) do not count the time other jobs held the cores: on a shared
+machine they are the steadier reading.
 
     /work/bin/lane --both .venv/bin/python bench/towers_packed.py --threads 2 --rounds 5
     /work/bin/lane --both .venv/bin/python bench/towers_packed.py --released --depth 1 --rounds 3 --only Qwen2.5-VL
@@ -146,8 +148,9 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     widths = "released widths " + str(RELEASED) if args.released else f"width {WIDTH}, {HEADS} heads"
     print(f"machine: {machine()}; {widths}, {args.depth} blocks, {args.rounds} interleaved rounds")
-    print("| tower | batch | path | fwd ms (orig) | fwd ratio [IQR] | fwd+bwd ms (orig) | fwd+bwd ratio [IQR] | max err |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| tower | batch | path | fwd ms (orig) | fwd ratio [IQR] | fwd+bwd ms (orig) | fwd+bwd ratio [IQR] "
+          "| fwd CPU-time ratio | fwd+bwd CPU-time ratio | max err |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for tower, build, inputs, cases, paths in batches(args.released, args.depth):
         if args.only and tower not in args.only:
             continue
@@ -178,7 +181,7 @@ def main(argv=None) -> int:
             f, b = spread(t, "cf", "of"), spread(t, "cb", "ob")
             print(f"| {tower} | {label} | {conv.last_path} | {ms(t, 'of'):.0f} | {ratio(t, 'cf', 'of'):.2f}x "
                   f"[{f[0]:.2f}, {f[1]:.2f}] | {ms(t, 'ob'):.0f} | {ratio(t, 'cb', 'ob'):.2f}x [{b[0]:.2f}, {b[1]:.2f}] "
-                  f"| {err:.1e} |", flush=True)
+                  f"| {ratio(t, 'cf', 'of', 'cpu'):.2f}x | {ratio(t, 'cb', 'ob', 'cpu'):.2f}x | {err:.1e} |", flush=True)
     return 0
 
 
