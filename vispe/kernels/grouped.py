@@ -89,11 +89,11 @@ class TokenGroups:
             n, size = s.shape
             idx = s.flatten().to(q.device)  # (n*s,)
 
-            def take(t):
-                return t.index_select(2, idx).view(B, H, n, size, D).transpose(1, 2).reshape(B * n, H, size, D)
+            def take(t):  # one copy: every (item, head, group) a batch entry of one head, a view
+                return t.index_select(2, idx).view(B * H * n, 1, size, D)
 
-            o = F.scaled_dot_product_attention(take(q), take(k), take(v), dropout_p=dropout_p)  # (B*n, H, s, D)
-            outs.append(o.view(B, n, H, size, D).transpose(1, 2).reshape(B, H, n * size, D))
+            o = F.scaled_dot_product_attention(take(q), take(k), take(v), dropout_p=dropout_p)  # (B*H*n, 1, s, D)
+            outs.append(o.view(B, H, n * size, D))
         return torch.cat(outs, dim=2).index_select(2, self.inverse.to(q.device))  # (B, H, L, D) token order
 
 
