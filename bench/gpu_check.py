@@ -6,8 +6,9 @@
 Stages, each on its own budget (seconds; progress printed as it goes; a stage out of time is cut and
 says so, the next one starts):
 
-1. the CUDA tier, ``pytest -m gpu`` over ``tests/test_gpu_parity.py``, ``tests/test_gpu_kernels.py`` and
-   ``tests/test_gpu_compile_ddp.py`` (one subprocess each, killed at its budget); torch.compile for the
+1. the CUDA tier, ``pytest -m gpu`` over ``tests/test_gpu_parity.py``, ``tests/test_gpu_kernels.py``,
+   ``tests/test_gpu_compile_ddp.py`` and ``tests/test_gpu_towers_packed.py`` (the towers' packed path and
+   Qwen2.5-VL's flex windows, issue 55) (one subprocess each, killed at its budget); torch.compile for the
    three trained encodings and one of every other family (``--full``: every encoding);
 2. a ViT training step per registered encoding and timm's equivalents at 1,024, 4,096 and 16,384 tokens
    in bf16 autocast, with each step's peak memory (``bench/_gpu_timing.py``);
@@ -35,10 +36,11 @@ import torch  # noqa: E402
 
 import vispe  # noqa: E402
 
-TIER = ("tests/test_gpu_parity.py", "tests/test_gpu_kernels.py", "tests/test_gpu_compile_ddp.py")
+TIER = ("tests/test_gpu_parity.py", "tests/test_gpu_kernels.py", "tests/test_gpu_compile_ddp.py",
+        "tests/test_gpu_towers_packed.py")
 #: seconds per stage (on one H100: 8 minutes in all, with a margin for start-up and the results file)
 BUDGETS = {"tests/test_gpu_parity.py": 60, "tests/test_gpu_kernels.py": 90, "tests/test_gpu_compile_ddp.py": 120,
-           "vit timing": 130, "detector timing": 40}
+           "tests/test_gpu_towers_packed.py": 40, "vit timing": 100, "detector timing": 40}
 COMPILE = "tests/test_gpu_compile_ddp.py::test_compiled_vit_runs_three_sizes_without_recompiling"
 
 

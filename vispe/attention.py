@@ -12,7 +12,9 @@ checkpoints load) and adds, per call, a ``PosContext`` that says where the token
 * bias: the layer's own ``pe`` (a BiasEncoding) gives a (B|1, heads, L, L) logits bias, added to
   the scores by ``vispe.kernels.bias_attention.attend`` (``bias_impl`` "auto" | "reference" |
   "chunked" | "flex": a learned bias keeps SDPA's fused kernel on the CPU, see there);
-* key padding: ``ctx.key_padding_mask`` (B, L), True = padding, masks keys of padded tokens.
+* key padding: ``ctx.key_padding_mask`` (B, L), True = padding, masks keys of padded tokens;
+* groups: ``attn_mask`` may be a ``vispe.kernels.grouped.TokenGroups`` (index sets, e.g. the windows of a
+  frame): each token attends within its group, gathered, with no mask (no bias or padding with it).
 
 Cross-attention (DETR's decoder): ``attn(x, ctx=query_ctx, memory=m, memory_ctx=memory_ctx)``
 takes q from ``x`` (B, Lq, C) and k, v from ``memory`` (B, Lk, C) with the same fused weights
@@ -54,7 +56,7 @@ from torch import nn
 from vispe import _checks
 from vispe.coords import valid_extent
 from vispe.encoding import BiasEncoding, PositionEncoding, RotaryEncoding
-from vispe.kernels import bias_attention, relative_bias, rope
+from vispe.kernels import bias_attention, grouped, relative_bias, rope
 
 
 @dataclass
@@ -188,7 +190,12 @@ class Attention(TimmAttention):
         if kpm is not None and kpm.shape != (B, k.shape[-2]):
             raise ValueError(f"the padding mask covers {tuple(kpm.shape)} (B, keys): expected ({B}, {k.shape[-2]})")
         dropout_p = self.attn_drop.p if self.training else 0.0
-        if isinstance(logit_bias, relative_bias.RelativeBias):  # (B, heads, L, hd)
+        if isinstance(attn_mask, grouped.TokenGroups):  # attention inside index sets (windows), no mask
+            if logit_bias is not None or kpm is not None or is_causal:
+                raise ValueError("attn_mask is a TokenGroups (attention inside index sets): expected no bias, no "
+                                 "padding mask and is_causal=False with it (use a boolean attn_mask for those)")
+            x = attn_mask.attend(q, k, v, dropout_p=dropout_p)  # (B, heads, L, hd)
+        elif isinstance(logit_bias, relative_bias.RelativeBias):  # (B, heads, L, hd)
             x = relative_bias.attend_relative(q, k, v, logit_bias, attn_mask=attn_mask, key_padding_mask=kpm,
                                               dropout_p=dropout_p, is_causal=is_causal, impl=self.bias_impl)
         else:

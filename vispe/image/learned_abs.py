@@ -72,7 +72,9 @@ def resample_grid_table(table: torch.Tensor, old: tuple[int, int], new: tuple[in
     C = table.shape[-1]
     rule = "shrink" if antialias is True else antialias == "always"
     with float32_math(table.device):
-        grid = table.float().reshape(1, old[0], old[1], C).permute(0, 3, 1, 2)  # (1, C, oh, ow)
+        # contiguous: torch 2.14's antialiased bilinear on this channels-last view is wrong for an output one
+        # cell wide (a (9, 1) resize differed from the contiguous one by 2.3; tests/test_towers_packed.py)
+        grid = table.float().reshape(1, old[0], old[1], C).permute(0, 3, 1, 2).contiguous()  # (1, C, oh, ow)
         out = _tracing.resize(grid, new, mode=interpolation, antialias=rule, align_corners=align_corners)  # (1, C, nh, nw)
         return out.permute(0, 2, 3, 1).reshape(1, -1, C).to(table.dtype)  # (1, nh*nw, C)
 

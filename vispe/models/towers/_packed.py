@@ -47,8 +47,8 @@ def group_frames(sizes: list[tuple[int, int]]) -> tuple[list[tuple[tuple[int, in
 
 def run_groups(tower, virtual: torch.Tensor, groups, *, prep=None, window=None, keep_states: bool = False):
     """The tower's blocks over each group of the virtual canvas ``virtual`` (T, C): ``input_code``
-    (the frame's own grid), ``prep`` (e.g. a pre-norm), the blocks (``window(shape)``: {block: SDPA
-    mask} inside a frame of that shape). Returns the output (T, C) and, with ``keep_states``, the
+    (the frame's own grid), ``prep`` (e.g. a pre-norm), the blocks (``window(shape)``: {block: its
+    ``attn_mask``} inside a frame of that shape, e.g. Qwen2.5-VL's windows as ``TokenGroups``). Returns the output (T, C) and, with ``keep_states``, the
     input and every block's output (each (T, C), virtual rows)."""
     outs: list[torch.Tensor] = []
     states: list[list[torch.Tensor]] = []

@@ -14,6 +14,11 @@ and runs the (B, h, w) patch grid as it is: padded patches are hidden as keys (a
 attention mask), the encoding takes the mask. It returns ``BaseModelOutputWithPooling``
 (``last_hidden_state`` (B, h*w, C), every patch including padded ones; ``hidden_states`` with
 ``output_hidden_states``; ``return_dict=False`` a tuple). Any other vispe encoding runs by name.
+Which path runs (``tower.path``, ``_packed``): ``"auto"`` and ``"canvas"`` run the (B, h, w) grid as above,
+every patch as the original (padded ones too). ``"packed"`` (opt-in) takes each image's rectangle only,
+groups the images by size and runs each group without padding (each image on its own grid: what it
+gives alone), so it costs the valid patches; padded patches are zero in ``last_hidden_state`` (the
+original gives them outputs of their own; the valid ones are equal).
 Refused, naming the part: a ``patch_attention_mask`` whose patches are not a top-left rectangle (the
 original counts them on the first row and column), attention weights.
 """
@@ -26,6 +31,7 @@ import torch
 from vispe.attention import PosContext
 from vispe.models.towers import register_tower
 from vispe.models.towers._common import Tower, model_output, output_flags
+from vispe.models.towers._packed import choose_path, group_frames, run_groups
 from vispe.models.towers.siglip2 import siglip_blocks
 
 NATIVE = dict(interpolation="bucket", mask_aware=True, pad_value="first")
@@ -74,12 +80,34 @@ class Idefics3VisionTower(Tower):
         x = self.patch_embedding(pixel_values.to(self.patch_embedding.weight.dtype))  # (B, C, h, w)
         B, C, h, w = x.shape
         mask = self._mask(patch_attention_mask, B, (h, w))
-        x, pos = self.input_code(x.flatten(2).transpose(1, 2), (h, w), mask)  # (B, h*w, C)
+        sizes = [(h, w)] * B if mask is None else [(int(a), int(b)) for a, b in
+                                                   zip((~mask[:, :, 0]).sum(1).tolist(), (~mask[:, 0, :]).sum(1).tolist())]
+        self.last_path = "canvas" if self.path == "auto" else choose_path(self.path, sizes)
         states = [] if hidden else None
+        if self.last_path == "packed":
+            return self._forward_packed(x, sizes, mask, hidden, return_dict)
+        x, pos = self.input_code(x.flatten(2).transpose(1, 2), (h, w), mask)  # (B, h*w, C)
         x = self.run_blocks(x, PosContext((h, w), 0, mask, pos), on_state=states.append if hidden else None)
         last = self.post_layernorm(x)
         return model_output("BaseModelOutputWithPooling", return_dict, last_hidden_state=last,
                             hidden_states=tuple(states) if hidden else None)
+
+    def _forward_packed(self, x: torch.Tensor, sizes, mask, hidden: bool, return_dict: bool):
+        """Each image's rectangle only, grouped by size (module docstring); padded patches 0."""
+        B, C, h, w = x.shape
+        groups, start = group_frames(sizes)
+        src = torch.empty(sum(a * b for a, b in sizes), dtype=torch.long, device=x.device)  # (T,) row -> patch
+        for i, (a, b) in enumerate(sizes):
+            cells = torch.arange(a, device=x.device)[:, None] * w + torch.arange(b, device=x.device)  # (a, b) raster
+            src[start[i]:start[i] + a * b] = i * h * w + cells.flatten()
+        flat = x.flatten(2).transpose(1, 2).reshape(B * h * w, C)  # (B*h*w, C)
+        out, seen = run_groups(self, flat[src], groups, keep_states=hidden)  # (T, C)
+        back = lambda v: x.new_zeros(B * h * w, C).index_copy(0, src, v).view(B, h * w, C)  # noqa: E731
+        last = self.post_layernorm(back(out))  # (B, h*w, C)
+        if mask is not None:
+            last = last * ~mask.reshape(B, -1, 1)  # padded patches: 0
+        return model_output("BaseModelOutputWithPooling", return_dict, last_hidden_state=last,
+                            hidden_states=tuple(back(v) for v in seen) if hidden and seen else None)
 
 
 @register_tower("transformers", "Idefics3VisionTransformer")

@@ -22,6 +22,10 @@ Grid change: the original runs at its config's ``image_size`` only (its table an
 fixed); the converted tower recomputes the RoPE and resamples the table (bicubic) at any square
 grid the adapter's pixel shuffle takes. ``convert_vit(model, pe=...)`` replaces the RoPE and the
 table (``learned_abs`` takes the table over), unless ``keep_abs_pos=True`` keeps the table.
+Which path runs (``tower.path``, ``_packed``): Llama 4's inputs are tiles of one size (B, 3, H, W), so a
+batch is always one group of equal frames with no padding and no mask: the canvas path, which is
+also what the packed path runs for one group (``path="packed"`` gives the same call, ``last_path``
+says "packed"); ``"auto"`` says "canvas".
 Refused: a non-None ``attention_mask`` (the original ignores it), attention weights, attention dropout.
 """
 from __future__ import annotations
@@ -36,6 +40,7 @@ from vispe.image.learned_abs import LearnedAbsEncoding
 from vispe.kernels.rope import rope_tables
 from vispe.models.towers import register_tower
 from vispe.models.towers._common import Tower, TowerBlock, model_output, output_flags, vispe_attention
+from vispe.models.towers._packed import choose_path
 from vispe.registry import build
 
 
@@ -90,6 +95,7 @@ class Llama4Tower(Tower):
                                                              return_dict=return_dict), type(self).__name__)
         B, _, H, W = pixel_values.shape
         shape = (H // self.patch_size, W // self.patch_size)
+        self.last_path = choose_path(self.path, [shape] * B)  # one size: "auto" is the canvas (module docstring)
         x = self.patch_embedding(pixel_values)  # (B, h*w, C) raster order
         cls = self.class_embedding.to(x.dtype).expand(B, 1, -1)  # (B, 1, C)
         x, pos = self.input_code(x, shape, None)  # its table (abs_pe) or another additive pe

@@ -29,7 +29,10 @@ The converted tower (``QwenVisionTower``) keeps the original's modules (patch em
 MLPs, merger: copied) with vispe's ``Attention`` (the same ``qkv`` / ``proj`` weights), and puts each
 frame on a canvas (``vispe.models.towers._common``): raster order, padding mask where a smaller
 frame leaves cells empty, so every frame attends to itself only, as with ``cu_seqlens``. Windows
-are an attention mask on that canvas (same window, or a padding query). The outputs are gathered
+are index sets of each frame's tokens (``vispe.kernels.grouped.TokenGroups``: the tokens of one window
+gathered, attention among them with no mask, scattered back; ``window_impl``) wherever no cell is
+padding (the packed path, an equal-size batch), and an attention mask on a padded canvas (same window,
+or a padding query) or with a bias encoding. The outputs are gathered
 back into the original's order: the same ``BaseModelOutputWithPooling`` (``last_hidden_state``,
 ``pooler_output``, ``hidden_states`` with ``output_hidden_states=True``; ``return_dict=False`` a
 tuple). Any other vispe encoding runs by name (``convert_vit(model, pe="rope_mixed")``).
@@ -45,6 +48,7 @@ import torch
 from torch import nn
 
 from vispe.attention import PosContext
+from vispe.kernels.grouped import TokenGroups, windows
 from vispe.models.towers import register_tower
 from vispe.models.towers._common import (
     Tower,
@@ -93,6 +97,9 @@ def window_mask(shape: tuple[int, int], patches: int, mask: torch.Tensor | None,
 
 class QwenVisionTower(Tower):
     """A Qwen2-VL / Qwen2.5-VL vision tower with vispe attention and encodings (module docstring)."""
+
+    #: Qwen2.5-VL's window attention kernel (``vispe.kernels.grouped.GROUP_IMPLS``): "auto", "gather", "flex"
+    window_impl = "auto"
 
     def __init__(self, original) -> None:
         super().__init__()
@@ -170,10 +177,7 @@ class QwenVisionTower(Tower):
         canvas, mask = to_canvas(x, cells, frames, shape)  # (S, h*w, C), (S, h, w) | None
         canvas, pos = self.input_code(canvas, shape, mask)
         ctx = PosContext(shape, 0, mask, pos)
-        masks = {}
-        if self.windowed:
-            wm = window_mask(shape, self.window_blocks * self.spatial_merge_size, mask, x.device)
-            masks = {i: wm for i in range(len(self.blocks)) if i not in self.fullatt_block_indexes}
+        masks = self._windows(shape, mask, x.device) if self.windowed else {}
         states, deep = [], []
         canvas = self.run_blocks(canvas, ctx, masks, (lambda s: states.append(from_canvas(s, order))) if hidden else None,
                                  on_block=self._deepstack(cells, deep) if self.deepstack else None)
@@ -182,6 +186,18 @@ class QwenVisionTower(Tower):
         if hidden:
             states[-1] = last
         return self._output(last, pooled, states if hidden else None, deep, return_dict)
+
+    def _windows(self, shape: tuple[int, int], mask: torch.Tensor | None, device) -> dict:
+        """{block: its window attention} on frames of ``shape``: index sets of the windows' tokens
+        (``TokenGroups``, attention gathered per window, no mask) where no cell is padding and the encoding
+        adds no logit bias; else the SDPA mask of ``window_mask``."""
+        patches = self.window_blocks * self.spatial_merge_size
+        if mask is None and self.pe_family != "bias":
+            h, w = shape
+            op: object = TokenGroups(windows(shape, patches, device=device), h * w, impl=self.window_impl)
+        else:
+            op = window_mask(shape, patches, mask, device)  # (S|1, 1, h*w, h*w)
+        return {i: op for i in range(len(self.blocks)) if i not in self.fullatt_block_indexes}
 
     def _output(self, last, pooled, states, deep, return_dict: bool):
         fields = dict(last_hidden_state=last, pooler_output=pooled, hidden_states=tuple(states) if states else None)
@@ -206,14 +222,7 @@ class QwenVisionTower(Tower):
                 s += 1
         cells_t, order_t = torch.cat(cells), torch.cat(order)  # (T,), (T,)
         virtual = torch.zeros_like(x).index_copy(0, cells_t, x)  # (T, C) frames grouped by size, raster
-        window = None
-        if self.windowed:
-            full = set(self.fullatt_block_indexes)
-            patches = self.window_blocks * m
-
-            def window(shape):
-                wm = window_mask(shape, patches, None, x.device)  # (1, 1, h*w, h*w) inside one frame
-                return {i: wm for i in range(len(self.blocks)) if i not in full}
+        window = (lambda shape: self._windows(shape, None, x.device)) if self.windowed else None
         out, states = run_groups(self, virtual, groups, window=window, keep_states=hidden or self.deepstack)
         last = out[order_t]  # (T, C) the original's output order
         pooled = self.merger(out[cells_t] if self.windowed else last)  # (T / m^2, out)

@@ -29,6 +29,15 @@ a tuple). Two runs, by encoding family:
   with its padding mask (mask-aware encodings count positions over each image's valid area, so an
   image packed with others gives what it gives alone) and gathered back; padded slots are then zero.
 
+Which path runs (``tower.path``, ``_packed``): the two runs above are the "canvas" path. The "packed"
+path takes each image's valid tokens only, groups the images by (h, w) and runs each group without
+padding (each image on its own grid, no mask: what the image gives alone), then puts the tokens back
+in their slots; padded slots are zero there (the original gives them outputs of their own, which its
+pooling head ignores), so it costs the valid patches, not B * L. ``path="auto"`` (the default) takes
+it for mixed sizes where the canvas path zeroes padded slots too (rotary, bias, conditional
+encodings), and keeps the canvas path for the native table (every slot as the original);
+``path="packed"`` forces it (``last_hidden_state`` equal on every valid slot, ``pooler_output`` equal).
+
 Refused, naming the part: a ``pixel_attention_mask`` that does not mark the first h*w slots of each
 row, an image larger than L slots, attention weights (fused attention), hidden states by index.
 """
@@ -51,6 +60,7 @@ from vispe.models.towers._common import (
     to_canvas,
     vispe_attention,
 )
+from vispe.models.towers._packed import choose_path, group_frames, run_groups
 
 NATIVE = dict(interpolation="bilinear", antialias="always", mask_aware=True, pad_value="first")
 
@@ -121,6 +131,14 @@ class Siglip2VisionTower(Tower):
             mask[b, :h, :w] = False
         return shape, cell, valid, mask
 
+    def _choose_path(self, spatial_shapes: torch.Tensor) -> str:
+        """``path`` for this batch: "auto" is the packed path where it gives what the canvas path gives
+        (mixed sizes, an encoding whose canvas run zeroes padded slots), the canvas path otherwise."""
+        sizes = [tuple(int(v) for v in row) for row in spatial_shapes.tolist()]
+        if self.path == "auto" and self.pe_family in ("additive", "none"):
+            return choose_path("canvas", sizes)  # padded slots keep the original's outputs
+        return choose_path(self.path, sizes)
+
     def forward(self, pixel_values: torch.Tensor, pixel_attention_mask: torch.Tensor, spatial_shapes: torch.Tensor,
                 **kwargs):
         """The original's call -> ``BaseModelOutputWithPooling`` as the original returns it (module docstring)."""
@@ -128,8 +146,19 @@ class Siglip2VisionTower(Tower):
         shape, cell, valid, mask = self._layout(pixel_values, pixel_attention_mask, spatial_shapes)
         x = self.patch_embedding(pixel_values.to(self.patch_embedding.weight.dtype))  # (B, L, D)
         B, L, D = x.shape
+        self.last_path = self._choose_path(spatial_shapes)
         states = [] if hidden else None
-        if self.pe_family in ("additive", "none"):  # packed order, every slot as the original
+        if self.last_path == "packed":  # valid tokens only, frames grouped by size
+            sizes = [tuple(int(v) for v in row) for row in spatial_shapes.tolist()]
+            groups, start = group_frames(sizes)
+            src = torch.empty(sum(h * w for h, w in sizes), dtype=torch.long, device=x.device)  # (T,) virtual row -> slot
+            for b, (h, w) in enumerate(sizes):
+                src[start[b]:start[b] + h * w] = b * L + torch.arange(h * w, device=x.device)
+            out, seen = run_groups(self, x.reshape(B * L, D)[src], groups, keep_states=hidden)  # (T, D)
+            back = lambda v: x.new_zeros(B * L, D).index_copy(0, src, v).view(B, L, D)  # noqa: E731  padded: 0
+            states = [back(v) for v in seen] if hidden and seen else None
+            x = back(out)
+        elif self.pe_family in ("additive", "none"):  # packed order, every slot as the original
             pos = None
             if self.pe_family == "additive":
                 code = self.pe(shape, mask, device=x.device, dtype=x.dtype)  # (B|1, H*W, D)
@@ -145,7 +174,7 @@ class Siglip2VisionTower(Tower):
             canvas = self.run_blocks(canvas, ctx, on_state=(lambda c: states.append(back(c))) if hidden else None)
             x = back(canvas)  # (B, L, D), padded slots 0
         last = self.post_layernorm(x)  # (B, L, D)
-        if self.pe_family not in ("additive", "none"):
+        if self.pe_family not in ("additive", "none") or self.last_path == "packed":
             last = last * valid[..., None].to(last.dtype)
         pooled = self.head(last, pixel_attention_mask) if self.head is not None else None
         return model_output("BaseModelOutputWithPooling", return_dict, last_hidden_state=last, pooler_output=pooled,
