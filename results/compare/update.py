@@ -47,6 +47,16 @@ INITS = (("relbias_init_vit", "ViT / timm default (`weight_init=''`: trunc-norma
 CHANCE = {"digits_cell": 1 / 9, "digits_relative": 1 / 4, "digits_content_position": 1 / 20, "digits_class": 1 / 10}
 
 
+def _finished(df: pd.DataFrame | None, train_size: bool = True) -> pd.DataFrame | None:
+    """The finished runs' rows of ``df`` (at the training size only, by default) with their group; None when
+    none finished (a sweep folder of unfinished runs writes a table with no metric yet)."""
+    if df is None or "is_train_size" not in df:
+        return None
+    fin = df[df["status"] == "finished"]
+    fin = fin[fin["is_train_size"].astype(bool)] if train_size else fin
+    return None if fin.empty else report.add_group(fin)
+
+
 def today_vs_old(task: str) -> str:
     """Test accuracy at the training size: the rerun at today's code (data/<task>_today.csv) beside the
     old grid, seed 0 of each beside the other (equal when the code path did not change), and the
@@ -92,10 +102,11 @@ def relbias_init_table() -> str:
              "|---|---|---|---|---|---|---|"]
     for name, label in INITS:
         df = load(name)
-        if df is None:
+        fin = _finished(df)
+        if fin is None:
             lines.append(f"| {label} | not run | | | | | |")
             continue
-        at = df[df["is_train_size"].astype(bool) & (df["status"] == "finished")].set_index("run")["acc"]
+        at = fin.set_index("run")["acc"]
         seeds = [at.get(f"relbias_seed{i}", float("nan")) for i in range(3)]
         got = at.dropna()
         above = int((got > CHANCE["digits_relative"] + 0.05).sum())
@@ -133,7 +144,7 @@ def detr_table() -> str:
     df = load("shapes_detr")
     lines = ["| spatial pos. enc. (encoder / decoder) | here: AP | here: AP50 | seeds | DETR R50 AP / AP50 (published) |",
              "|---|---|---|---|---|"]
-    fin = None if df is None else report.add_group(df[(df["status"] == "finished") & df["is_train_size"].astype(bool)])
+    fin = _finished(df)
     for row, group, paper in DETR_ROWS:
         g = None if fin is None else fin[fin["group"].map(_key) == _key(group)]
         if g is None or g.empty:
@@ -159,7 +170,7 @@ def queries_table() -> str:
     rows = [("DETR (learned query positions at attn., the default row above)", base, "sine", "R50 50 ep: 34.8")]
     rows += [(r, load("shapes_detr_queries"), g, p) for r, g, p in QUERY_ROWS]
     for row, df, group, paper in rows:
-        fin = None if df is None else report.add_group(df[(df["status"] == "finished") & df["is_train_size"].astype(bool)])
+        fin = _finished(df)
         g = None if fin is None else fin[fin["group"].map(_key) == _key(group)]
         if g is None or g.empty:
             lines.append(f"| {row} | pending | pending | 0 | - | {paper} |")
@@ -227,9 +238,8 @@ DEFORMABLE_ROWS = [  # (row, run name without _seedN in shapes_deformable_detr, 
 
 def _group_runs(csv: str, group: str) -> pd.DataFrame | None:
     """The finished runs of ``group`` (a report label) in the committed ``csv``, every size; None when none."""
-    df = load(csv)
-    fin = None if df is None else report.add_group(df[df["status"] == "finished"])
-    g = None if fin is None or fin.empty else fin[fin["group"].map(_key) == _key(group)]
+    fin = _finished(load(csv), train_size=False)
+    g = None if fin is None else fin[fin["group"].map(_key) == _key(group)]
     return None if g is None or g.empty else g
 
 
