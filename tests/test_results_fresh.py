@@ -156,6 +156,24 @@ def test_unknown_and_non_ancestor_commits_are_stale(repo):
     assert freshness.check(repo)[0].stale == {side: "not an ancestor of HEAD"}
 
 
+def test_a_run_from_uncommitted_changes_is_stale_and_named_as_such(repo):
+    """vispe.sweep writes ``<sha>+dirty`` for a run with uncommitted changes: the commit exists, its files are not
+    the run's; it was reported "not in this repository's history" and shown as the clean commit's 7 digits."""
+    a = git(repo, "rev-parse", "HEAD")
+    write_csv(repo, "digits_cell.csv", [a + "+dirty", a])
+    v = freshness.check(repo)[0]
+    assert v.state == "STALE, NOT MARKED" and list(v.stale) == [a + "+dirty"]  # the clean commit is fresh
+    why = v.stale[a + "+dirty"]
+    assert why.startswith(f"ran from uncommitted changes on top of {a[:7]}") and "not in this repository" not in why
+    assert f"{a[:7]}+dirty: ran from uncommitted" in freshness.explain(v)
+    assert f"{a[:7]}+dirty, {a[:7]} |" in freshness.markdown([v], repo)
+    freshness.mark("results/compare/data/digits_cell.csv", "why", root=repo, evidence="smoke runs equal")
+    assert states(repo) == {"digits_cell.csv": "stale, marked"}  # a mark can cover it, like any stale commit
+    gone = "0123456789abcdef0123456789abcdef01234567+dirty"
+    write_csv(repo, "digits_cell.csv", [gone])
+    assert "(0123456 is not in this repository's history)" in freshness.check(repo)[0].stale[gone]
+
+
 def test_csv_without_commit_and_curves(repo):
     d = repo / "results" / "compare" / "data"
     (d / "leak.csv").write_text("a,b\n1,2\n")

@@ -121,8 +121,22 @@ def changed(then: dict[str, str], now: dict[str, str]) -> list[str]:
     return sorted(p for p in then.keys() | now.keys() if then.get(p) != now.get(p))
 
 
+DIRTY = "+dirty"  # vispe.sweep.provenance's suffix: the run had uncommitted changes in tracked files
+
+
+def short(commit: str) -> str:
+    """``commit`` as pages show it: seven hex digits, and ``+dirty`` where the run had uncommitted changes."""
+    return commit[:7] + (DIRTY if commit.endswith(DIRTY) else "")
+
+
 def commit_state(root: Path, commit: str, csv: Path, now: dict[str, str]) -> str | None:
     """None when ``commit`` is fresh (its run files equal ``now``'s), else why not."""
+    if commit.endswith(DIRTY):  # the commit exists, the code the run used does not: no file can be compared
+        base = commit[: -len(DIRTY)]
+        known = _git(root, "rev-parse", "--verify", "--quiet", f"{base}^{{commit}}").returncode == 0
+        return (f"ran from uncommitted changes on top of {base[:7]}"
+                + ("" if known else f" ({base[:7]} is not in this repository's history)")
+                + ": the files it used are unknown, rerun it from a commit (or mark it)")
     if _git(root, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}").returncode != 0:
         return "not in this repository's history"
     if _git(root, "merge-base", "--is-ancestor", commit, "HEAD").returncode != 0:
@@ -246,12 +260,12 @@ def explain(v: Verdict) -> str:
     if v.state == "fresh":
         return "every file its runs use is as it was at the CSV's commit(s)"
     if v.state == "record":
-        return f"kept as the record of {', '.join(c[:7] for c in v.commits) or 'its commit'}, not as today's code: {v.mark}"
+        return f"kept as the record of {', '.join(short(c) for c in v.commits) or 'its commit'}, not as today's code: {v.mark}"
     if v.state == "stale, marked":
         return f"{v.mark} Evidence: {v.evidence}"
     if v.expired and v.expired != [NO_HASHES]:
         return "code changed since the mark's evidence: " + ", ".join(v.expired)
-    return "code changed since these runs: " + "; ".join(f"{c[:7]}: {s}" for c, s in v.stale.items())
+    return "code changed since these runs: " + "; ".join(f"{short(c)}: {s}" for c, s in v.stale.items())
 
 
 def status_line(v: Verdict) -> str:
@@ -267,7 +281,7 @@ def markdown(verdicts: list[Verdict], root: Path = ROOT) -> str:
     lines = ["| CSV | commit(s) | runs, summed time | state | why not rerun, evidence / what changed |",
              "|---|---|---|---|---|"]
     for v in verdicts:
-        lines.append(f"| `{v.csv}` | {', '.join(c[:7] for c in v.commits) or '-'} | {effort(root / v.csv)} | "
+        lines.append(f"| `{v.csv}` | {', '.join(short(c) for c in v.commits) or '-'} | {effort(root / v.csv)} | "
                      f"{v.state} | {explain(v)} |")
     return "\n".join(lines)
 
