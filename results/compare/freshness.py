@@ -19,6 +19,11 @@ only while a mark in ``results/stale.json`` covers it. A mark is one of two kind
   old grid that a newer table is compared against); pages say so and quote them as that, not as
   today's. Records never expire.
 
+Rows whose runs recorded the files they used (the sweep runs train.py through vispe.sweep.trace; update.py
+writes ``<name>_code.json`` beside the CSV: per commit, each file's hash then) are judged by those files only, as
+they are in this checkout: a change elsewhere in the package leaves them fresh, and a ``+dirty`` run is judged
+too. The rule below is for rows without such a record.
+
 A CSV without a ``commit`` column is stale unless marked ("no commit recorded"); ``<name>_curves.csv``
 is covered by ``<name>.csv``. The files a run uses for the fresh test (a conservative rule, not a trace):
 ``train.py``, the task's ``configs/<task>.yaml`` (``CONFIG_OF`` where the CSV's runs used a config of
@@ -145,6 +150,21 @@ def commit_state(root: Path, commit: str, csv: Path, now: dict[str, str]) -> str
     return None if not diff else f"{len(diff)} file(s) changed since: {', '.join(diff[:4])}" + (" ..." if len(diff) > 4 else "")
 
 
+def traced(csv: Path) -> dict[str, dict[str, str] | None]:
+    """``<name>_code.json`` beside ``csv`` (update.py, from the runs' imports.json): per commit, the files its
+    runs used and their hashes then; empty when its runs were not traced."""
+    f = csv.with_name(csv.stem + "_code.json")
+    return json.loads(f.read_text()) if f.is_file() else {}
+
+
+def traced_state(root: Path, files: dict[str, str]) -> str | None:
+    """None when every file the runs used is as it was (this checkout), else which changed. Whatever the commit
+    (an older one, a +dirty one): the content is what the runs ran."""
+    diff = sorted(p for p, h in files.items() if file_hash(root, p) != h)
+    return None if not diff else (f"{len(diff)} file(s) its runs used changed since: {', '.join(diff[:4])}"
+                                  + (" ..." if len(diff) > 4 else ""))
+
+
 def load_marks(root: Path) -> dict:
     f = root / MARKS
     return json.loads(f.read_text()) if f.is_file() else {}
@@ -174,8 +194,16 @@ def judge(root: Path, csv: Path, marks: dict) -> Verdict:
     if commits is None:
         stale = {"-": "no commit recorded"}
     else:
-        now = tree_files(root, csv)
-        stale = {c: s for c in commits if (s := commit_state(root, c, csv, now))}
+        code, now = traced(csv), None
+        stale: dict[str, str] = {}
+        for c in commits:
+            if isinstance(code.get(c), dict):  # the runs recorded what they used (vispe.sweep.trace)
+                s = traced_state(root, code[c])
+            else:
+                now = tree_files(root, csv) if now is None else now
+                s = commit_state(root, c, csv, now)
+            if s:
+                stale[c] = s
     entry = marks.get(rel)
     covers = entry is not None and bool(stale) and set(stale) <= set(entry.get("commits", [])) | (
         {"-"} if commits is None else set())

@@ -12,6 +12,7 @@ CSVs (the prose around the blocks is written by hand).
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
@@ -27,6 +28,7 @@ sys.path.insert(0, str(HERE.parents[1]))  # this checkout's vispe
 sys.path.insert(0, str(HERE))
 
 from vispe import report  # noqa: E402
+from vispe.sweep import trace  # noqa: E402
 from vispe.sweep.collect import merge_tables  # noqa: E402
 
 import freshness  # noqa: E402  (results/compare/freshness.py, beside this file)
@@ -336,6 +338,16 @@ def fill(md: Path) -> None:
         md.write_text(new)
 
 
+def write_code(task: str, sweep: Path, fresh: pd.DataFrame, df: pd.DataFrame) -> None:
+    """data/<task>_code.json: per commit of the merged table, the files its runs used and their hashes (the runs'
+    imports.json, vispe.sweep.trace), so that freshness.py judges those rows by them; null: not traced."""
+    f = HERE / "data" / f"{task}_code.json"
+    code = trace.merge(json.loads(f.read_text()) if f.is_file() else {}, trace.by_commit(sweep, fresh))
+    code = {c: v for c, v in sorted(code.items()) if c in set(df["commit"].dropna().astype(str))}
+    if any(v is not None for v in code.values()):
+        f.write_text(json.dumps(code, indent=1, sort_keys=True) + "\n")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sweeps", default=str(HERE.parents[1] / "runs" / "sweeps"))
@@ -375,6 +387,7 @@ def main(argv=None) -> int:
         fresh = pd.read_csv(sweep / "results.csv")
         df = merge_tables(load(task), fresh)  # committed runs whose folders are gone stay
         df.to_csv(HERE / "data" / f"{task}.csv", index=False)
+        write_code(task, sweep, fresh, df)
         curves, hist = HERE / "data" / f"{task}_curves.csv", report.histories(sweep, fresh)
         old = pd.read_csv(curves) if curves.is_file() else pd.DataFrame(columns=["run"])
         kept = set(df["run"]) - set(hist["run"] if len(hist) else [])
