@@ -174,6 +174,35 @@ def test_a_run_from_uncommitted_changes_is_stale_and_named_as_such(repo):
     assert "(0123456 is not in this repository's history)" in freshness.check(repo)[0].stale[gone]
 
 
+def test_the_probe_runners_csv_follows_the_probes_not_train_py(repo):
+    """results/padding_leakage.csv is written by vispe.probes.runner: vispe/probes (excluded for training runs)
+    is what its rows ran; train.py and the configs are not (the probes' files were not checked before)."""
+    (repo / "vispe" / "probes").mkdir()
+    (repo / "vispe" / "probes" / "runner.py").write_text("p = 1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "probes")
+    (repo / "results" / "padding_leakage.csv").write_text(f"spc,commit\n0.9,{git(repo, 'rev-parse', 'HEAD')}\n")
+    commit_change(repo, "train.py")
+    commit_change(repo, "configs/digits_cell.yaml")
+    assert states(repo) == {"padding_leakage.csv": "fresh"}
+    commit_change(repo, "vispe/probes/runner.py")
+    v = freshness.check(repo)[0]
+    assert v.state == "STALE, NOT MARKED" and "vispe/probes/runner.py" in freshness.explain(v)
+
+
+def test_a_csv_named_after_no_config_follows_the_config_its_runs_used(repo):
+    """relbias_init_vit.csv's runs use configs/digits_relative.yaml (freshness.CONFIG_OF): another task's config
+    leaves it fresh (it followed every config before), its own does not."""
+    (repo / "configs" / "digits_relative.yaml").write_text("a: 1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "config")
+    write_csv(repo, "relbias_init_vit.csv", [git(repo, "rev-parse", "HEAD")])
+    commit_change(repo, "configs/shapes_detr.yaml")
+    assert states(repo) == {"relbias_init_vit.csv": "fresh"}
+    commit_change(repo, "configs/digits_relative.yaml")
+    assert "configs/digits_relative.yaml" in next(iter(freshness.check(repo)[0].stale.values()))
+
+
 def test_csv_without_commit_and_curves(repo):
     d = repo / "results" / "compare" / "data"
     (d / "leak.csv").write_text("a,b\n1,2\n")

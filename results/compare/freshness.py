@@ -29,7 +29,8 @@ is covered by ``<name>.csv``. The files a run uses for the fresh test (a conserv
 ``train.py``, the task's ``configs/<task>.yaml`` (``CONFIG_OF`` where the CSV's runs used a config of
 another name, else the longest config name within the CSV's name; every config when none matches)
 and every file under ``vispe/`` except ``EXCLUDED`` (packages a training run never imports:
-tests/test_results_fresh.py checks it).
+tests/test_results_fresh.py checks it); for the probe runner's CSVs (``PROBES``), every file under ``vispe/``
+except ``EXCLUDED`` but with ``vispe/probes``.
 """
 from __future__ import annotations
 
@@ -47,8 +48,15 @@ MARKS = "results/stale.json"
 EXCLUDED = ("vispe/analysis", "vispe/probes", "vispe/report.py", "vispe/export.py", "vispe/sweep")
 #: CSV name -> the config its runs use, where the names differ: DETR Table 3's 16-epoch recipe moved from
 #: configs/shapes_detr.yaml (now a five-minute default) to configs/shapes_detr_table3.yaml (issue 39)
-CONFIG_OF = {"shapes_detr": "shapes_detr_table3", "shapes_detr_queries": "shapes_detr_table3",
-             "shapes_detr_init": "shapes_detr_table3", "shapes_detr_init_1thread": "shapes_detr_table3"}
+CONFIG_OF: dict[str, str | tuple[str, ...]] = {
+    "shapes_detr": "shapes_detr_table3", "shapes_detr_queries": "shapes_detr_table3",
+    "shapes_detr_init": "shapes_detr_table3", "shapes_detr_init_1thread": "shapes_detr_table3",
+    "relbias_init_vit": "digits_relative", "relbias_init_torch": "digits_relative",  # relbias on digits_relative
+    "detr_backbones": ("shapes_detr", "shapes_detr_vit")}  # the small-CNN row and the ViT-backbone rows
+
+
+#: CSVs written by ``python -m vispe.probes.runner`` (no train.py, no config): their runs use vispe/ with its probes
+PROBES = ("padding_leakage",)
 
 
 NO_HASHES = "(the mark holds no file hashes: made before issue 53, it cannot tell what changed since)"
@@ -93,25 +101,28 @@ def file_hash(root: Path, rel: str) -> str:
     return blob(f.read_bytes()) if f.is_file() else "deleted"
 
 
-def _config(root: Path, csv: Path) -> str:
-    configs = sorted(p.stem for p in (root / "configs").glob("*.yaml"))
-    match = [CONFIG_OF[csv.stem]] if csv.stem in CONFIG_OF else [c for c in configs if c in csv.stem]
-    return f"configs/{max(match, key=len)}.yaml" if match else "configs"
+def _config(root: Path, csv: Path) -> list[str]:
+    if csv.stem in CONFIG_OF:
+        named = CONFIG_OF[csv.stem]
+        return [f"configs/{c}.yaml" for c in ((named,) if isinstance(named, str) else named)]
+    match = [c for c in sorted(p.stem for p in (root / "configs").glob("*.yaml")) if c in csv.stem]
+    return [f"configs/{max(match, key=len)}.yaml"] if match else ["configs"]
 
 
 def run_files(root: Path, csv: Path) -> list[str]:
     """The paths (files or folders) whose files the runs of ``csv`` use (see the module docstring)."""
-    return ["train.py", _config(root, csv), "vispe"]
+    return ["vispe"] if csv.stem in PROBES else ["train.py", *_config(root, csv), "vispe"]
 
 
-def _used(path: str) -> bool:
-    return not any(path == e or path.startswith(e + "/") for e in EXCLUDED) and "__pycache__" not in path
+def _used(path: str, csv: Path | None = None) -> bool:
+    excluded = [e for e in EXCLUDED if not (csv is not None and csv.stem in PROBES and e == "vispe/probes")]
+    return not any(path == e or path.startswith(e + "/") for e in excluded) and "__pycache__" not in path
 
 
 def tree_files(root: Path, csv: Path) -> dict[str, str]:
     """The run files of ``csv`` in this checkout (tracked or new, not ignored) -> blob hash."""
     out = _git(root, "ls-files", "--cached", "--others", "--exclude-standard", "--", *run_files(root, csv))
-    return {p: file_hash(root, p) for p in sorted(set(out.stdout.split())) if _used(p) and (root / p).is_file()}
+    return {p: file_hash(root, p) for p in sorted(set(out.stdout.split())) if _used(p, csv) and (root / p).is_file()}
 
 
 def commit_files(root: Path, commit: str, csv: Path) -> dict[str, str]:
@@ -119,7 +130,7 @@ def commit_files(root: Path, commit: str, csv: Path) -> dict[str, str]:
     if out.returncode != 0:
         raise RuntimeError(f"git ls-tree failed: {out.stderr.strip()}")
     rows = (line.split(None, 3) for line in out.stdout.splitlines())
-    return {r[3]: r[2] for r in rows if len(r) == 4 and _used(r[3])}
+    return {r[3]: r[2] for r in rows if len(r) == 4 and _used(r[3], csv)}
 
 
 def changed(then: dict[str, str], now: dict[str, str]) -> list[str]:
