@@ -301,7 +301,7 @@ def explain(v: Verdict) -> str:
     if v.state == "record":
         return f"kept as the record of {', '.join(short(c) for c in v.commits) or 'its commit'}, not as today's code: {v.mark}"
     if v.state == "stale, marked":
-        return f"{v.mark} Evidence: {v.evidence}"
+        return f"{v.mark.rstrip('.')}. Evidence: {v.evidence}"
     if v.expired and v.expired != [NO_HASHES]:
         return "code changed since the mark's evidence: " + ", ".join(v.expired)
     return "code changed since these runs: " + "; ".join(f"{short(c)}: {s}" for c, s in v.stale.items())
