@@ -213,6 +213,19 @@ def test_csv_without_commit_and_curves(repo):
     assert states(repo)["leak.csv"] == "stale, marked"
 
 
+def test_a_note_says_why_a_table_stays_stale_and_covers_nothing(repo):
+    a = git(repo, "rev-parse", "HEAD")
+    write_csv(repo, "digits_cell.csv", [a])
+    commit_change(repo, "vispe/attention.py")
+    freshness.note("results/compare/data/digits_cell.csv", "its smoke differs from 96f839e on", root=repo)
+    v = freshness.check(repo)[0]
+    assert v.state == "STALE, NOT MARKED" and not v.ok
+    assert freshness.explain(v).startswith("its smoke differs from 96f839e on; code changed since these runs: ")
+    assert "96f839e" in freshness.status_line(v) and "96f839e" in freshness.report([v])[0]
+    with pytest.raises(ValueError, match="text="):
+        freshness.note("results/compare/data/digits_cell.csv", " ", root=repo)
+
+
 def test_mark_refuses_bad_input(repo):
     with pytest.raises(ValueError, match="reason"):
         freshness.mark("results/compare/data/x.csv", "  ", root=repo)

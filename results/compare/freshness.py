@@ -71,6 +71,7 @@ class Verdict:
     expired: list[str] = field(default_factory=list)  # files changed since the mark covering it was made
     record: bool = False  # the mark keeps the rows as the record of their commit
     evidence: str = ""  # the mark's evidence
+    note: str = ""  # why it stays STALE (``note``: e.g. its smoke differs, and from which commit)
 
     @property
     def state(self) -> str:
@@ -219,7 +220,7 @@ def judge(root: Path, csv: Path, marks: dict) -> Verdict:
     covers = entry is not None and bool(stale) and set(stale) <= set(entry.get("commits", [])) | (
         {"-"} if commits is None else set())
     if not covers:
-        return Verdict(rel, commits or [], stale, None)
+        return Verdict(rel, commits or [], stale, None, note=(entry or {}).get("note", "") if stale else "")
     expired = expired_files(root, entry)
     return Verdict(rel, commits or [], stale, None if expired else entry["reason"], expired,
                    bool(entry.get("record")), entry.get("evidence", ""))
@@ -273,6 +274,19 @@ def mark(csv: str, reason: str, root: Path = ROOT, *, evidence: str = "", record
     return entry
 
 
+def note(csv: str, text: str, root: Path = ROOT) -> dict:
+    """Say in results/stale.json why ``csv`` stays STALE (e.g. "its smoke differs from <commit> on: ..."); the
+    check and the pages show it beside what changed. It covers nothing: the CSV stays STALE until rerun."""
+    if not text.strip():
+        raise ValueError(f"text={text!r}: expected why the table stays stale (what differs, from which commit)")
+    path = _csv_path(csv, root)
+    marks = load_marks(root)
+    entry = {"commits": [], "note": " ".join(text.split())}
+    marks[path.relative_to(root).as_posix()] = entry
+    (root / MARKS).write_text(json.dumps(dict(sorted(marks.items())), indent=1) + "\n")
+    return entry
+
+
 RUN_KEYS = ("task", "data", "backbone", "encoding", "variant", "pe_kwargs", "padding", "input", "target",
             "level", "seed", "commit")  # the columns that name one run (rows are per evaluation size)
 
@@ -302,9 +316,10 @@ def explain(v: Verdict) -> str:
         return f"kept as the record of {', '.join(short(c) for c in v.commits) or 'its commit'}, not as today's code: {v.mark}"
     if v.state == "stale, marked":
         return f"{v.mark.rstrip('.')}. Evidence: {v.evidence}"
+    note = f"{v.note.rstrip('.')}; " if v.note else ""
     if v.expired and v.expired != [NO_HASHES]:
-        return "code changed since the mark's evidence: " + ", ".join(v.expired)
-    return "code changed since these runs: " + "; ".join(f"{short(c)}: {s}" for c, s in v.stale.items())
+        return note + "code changed since the mark's evidence: " + ", ".join(v.expired)
+    return note + "code changed since these runs: " + "; ".join(f"{short(c)}: {s}" for c, s in v.stale.items())
 
 
 def status_line(v: Verdict) -> str:

@@ -359,6 +359,8 @@ def main(argv=None) -> int:
     p.add_argument("--reason", default="", help="with --mark: why the table was not rerun")
     p.add_argument("--evidence", default="", help="with --mark: what shows the rows still hold at this checkout")
     p.add_argument("--record", action="store_true", help="with --mark: keep the rows as the record of their commit")
+    p.add_argument("--note", nargs=2, metavar=("CSV", "TEXT"), help="say why CSV stays STALE (what differs, from "
+                   "which commit): shown by --check and on the pages, it covers nothing")
     p.add_argument("--remark", metavar="NAME", help="re-mark data/NAME.csv from its smoke runs (remark.py)")
     p.add_argument("--against", default=None, help="with --remark: the commit to compare against")
     p.add_argument("--pages", action="store_true", help="only rewrite the pages' blocks (no sweep folders read)")
@@ -369,6 +371,9 @@ def main(argv=None) -> int:
         return rc
     if args.mark:
         print(freshness.mark(args.mark, args.reason, evidence=args.evidence, record=args.record))
+        return 0
+    if args.note:
+        print(freshness.note(*args.note))
         return 0
     if args.remark:
         import remark  # noqa: PLC0415  (beside this file; runs training, so only loaded here)
