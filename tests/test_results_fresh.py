@@ -217,7 +217,11 @@ def test_a_note_says_why_a_table_stays_stale_and_covers_nothing(repo):
     a = git(repo, "rev-parse", "HEAD")
     write_csv(repo, "digits_cell.csv", [a])
     commit_change(repo, "vispe/attention.py")
+    freshness.mark("results/compare/data/digits_cell.csv", "why", root=repo, evidence="equal", extra={"smoke": {"x": 1}})
+    commit_change(repo, "vispe/attention.py")  # the mark expires; a remark finds the smoke different
     freshness.note("results/compare/data/digits_cell.csv", "its smoke differs from 96f839e on", root=repo)
+    entry = freshness.load_marks(repo)["results/compare/data/digits_cell.csv"]
+    assert entry["smoke"] == {"x": 1} and entry["commits"] == [] and "files" not in entry  # kept for a later remark
     v = freshness.check(repo)[0]
     assert v.state == "STALE, NOT MARKED" and not v.ok
     assert freshness.explain(v).startswith("its smoke differs from 96f839e on; code changed since these runs: ")

@@ -276,12 +276,14 @@ def mark(csv: str, reason: str, root: Path = ROOT, *, evidence: str = "", record
 
 def note(csv: str, text: str, root: Path = ROOT) -> dict:
     """Say in results/stale.json why ``csv`` stays STALE (e.g. "its smoke differs from <commit> on: ..."); the
-    check and the pages show it beside what changed. It covers nothing: the CSV stays STALE until rerun."""
+    check and the pages show it beside what changed. It covers nothing: the CSV stays STALE until rerun or
+    re-marked (the entry's smoke variant and reason are kept; its expired evidence and hashes are dropped)."""
     if not text.strip():
         raise ValueError(f"text={text!r}: expected why the table stays stale (what differs, from which commit)")
     path = _csv_path(csv, root)
     marks = load_marks(root)
-    entry = {"commits": [], "note": " ".join(text.split())}
+    kept = {k: v for k, v in marks.get(path.relative_to(root).as_posix(), {}).items() if k in ("reason", "smoke")}
+    entry = {**kept, "commits": [], "note": " ".join(text.split())}  # the smoke spec stays for a later --remark
     marks[path.relative_to(root).as_posix()] = entry
     (root / MARKS).write_text(json.dumps(dict(sorted(marks.items())), indent=1) + "\n")
     return entry
