@@ -90,9 +90,29 @@ def test_same_numbers_names_what_differs():
 
     then = {"steps": 8, "final": {"train_loss": 2.0, "AP": 0.5}, "eval": {"64": {"loss": 1.0}}}
     now = {"steps": 8, "final": {"train_loss": 2.0, "AP": 0.5}, "eval": {"64": {"loss": 1.0 + 1e-6}}}
-    assert same_numbers._where(then, now) == " (1 numbers, largest relative difference 1.0e-06 at eval.64.loss)"
+    assert same_numbers._where(then, now) == " (1 numbers, largest relative difference 1.0e-06 at eval.64.loss; eval.64.loss)"
     now["steps"] = 9  # a count that differs is not a rounding difference
-    assert same_numbers._where(then, now).endswith("largest relative difference inf at steps)")
+    assert same_numbers._where(then, now).endswith("largest relative difference inf at steps; eval.64.loss, steps)")
+
+
+def test_same_numbers_compares_the_old_runs_numbers():
+    """A NaN equals a NaN (AP of a size class with no box, at both commits); a number only this checkout reports
+    (a metric added since) is named apart and leaves the old numbers equal; a number gone or moved differs."""
+    sys.path.insert(0, str(HERE))
+    import same_numbers
+
+    then = {"steps": 8, "eval": {"48": {"AP": 0.5, "APl": float("nan")}}}
+    now = {"steps": 8, "eval": {"48": {"AP": 0.5, "APl": float("nan"), "AR": 0.7}}}
+    assert same_numbers.compare(then, now) == ([], ["eval.48.AR"])
+    assert same_numbers.compare(now, then) == (["eval.48.AR"], [])  # gone at the newer side: differs
+    now["eval"]["48"]["APl"] = 0.1
+    assert same_numbers.compare(then, now) == (["eval.48.APl"], ["eval.48.AR"])
+    # COCOeval's -1 ("no large object here"): left out of the metrics since 4339485, the same as no number
+    then = {"eval": {"48": {"AP": 0.5, "APl": -1.0}}, "final": {"test_APm": -1.0}}
+    now = {"eval": {"48": {"AP": 0.5}}, "final": {}}
+    assert same_numbers.compare(then, now) == ([], [])
+    assert same_numbers.compare({"eval": {"48": {"AP": -1.0, "loss": -1.0}}}, {"eval": {"48": {}}}) == (
+        ["eval.48.loss"], [])  # only an AP key's -1 is no score
 
 
 def test_deformable_script_asks_for_the_rows_its_table_names(tmp_path):

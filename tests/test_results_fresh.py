@@ -156,25 +156,51 @@ def test_unknown_and_non_ancestor_commits_are_stale(repo):
     assert freshness.check(repo)[0].stale == {side: "not an ancestor of HEAD"}
 
 
-def test_a_dirty_run_is_judged_at_its_commit_and_never_fresh(repo):
-    """vispe.sweep names a run started from a tree with uncommitted changes ``<sha>+dirty``: it was read as
-    "not in this repository's history" (the suffix went to git, and the pages cut it off at 7 characters)."""
+def test_a_run_from_uncommitted_changes_is_stale_and_named_as_such(repo):
+    """vispe.sweep writes ``<sha>+dirty`` for a run with uncommitted changes: the commit exists, its files are not
+    the run's; it was reported "not in this repository's history" and shown as the clean commit's 7 digits."""
     a = git(repo, "rev-parse", "HEAD")
-    f = write_csv(repo, "digits_cell.csv", [a + "+dirty", a])
+    write_csv(repo, "digits_cell.csv", [a + "+dirty", a])
     v = freshness.check(repo)[0]
-    assert v.stale == {a + "+dirty": "ran with uncommitted changes in its tree (not recorded which)"}  # a itself: fresh
-    assert f"{a[:7]}+dirty: ran with uncommitted" in freshness.explain(v)
-    assert f"| {a[:7]}+dirty, {a[:7]} |" in freshness.markdown([v], repo)
-    commit_change(repo, "vispe/attention.py")
-    stale = freshness.check(repo)[0].stale
-    assert stale[a + "+dirty"] == ("ran with uncommitted changes in its tree (not recorded which); "
-                                   "1 file(s) changed since: vispe/attention.py")
-    assert stale[a] == "1 file(s) changed since: vispe/attention.py"
-    freshness.mark(str(f), "dirty rows", root=repo, evidence="equal smoke runs")  # a mark covers the dirty commit
-    assert states(repo) == {"digits_cell.csv": "stale, marked"}
-    write_csv(repo, "digits_cell.csv", ["0123456789abcdef0123456789abcdef01234567+dirty"])
-    assert freshness.check(repo)[0].stale == {
-        "0123456789abcdef0123456789abcdef01234567+dirty": "not in this repository's history"}
+    assert v.state == "STALE, NOT MARKED" and list(v.stale) == [a + "+dirty"]  # the clean commit is fresh
+    why = v.stale[a + "+dirty"]
+    assert why.startswith(f"ran from uncommitted changes on top of {a[:7]}") and "not in this repository" not in why
+    assert f"{a[:7]}+dirty: ran from uncommitted" in freshness.explain(v)
+    assert f"{a[:7]}+dirty, {a[:7]} |" in freshness.markdown([v], repo)
+    freshness.mark("results/compare/data/digits_cell.csv", "why", root=repo, evidence="smoke runs equal")
+    assert states(repo) == {"digits_cell.csv": "stale, marked"}  # a mark can cover it, like any stale commit
+    gone = "0123456789abcdef0123456789abcdef01234567+dirty"
+    write_csv(repo, "digits_cell.csv", [gone])
+    assert "(0123456 is not in this repository's history)" in freshness.check(repo)[0].stale[gone]
+
+
+def test_the_probe_runners_csv_follows_the_probes_not_train_py(repo):
+    """results/padding_leakage.csv is written by vispe.probes.runner: vispe/probes (excluded for training runs)
+    is what its rows ran; train.py and the configs are not (the probes' files were not checked before)."""
+    (repo / "vispe" / "probes").mkdir()
+    (repo / "vispe" / "probes" / "runner.py").write_text("p = 1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "probes")
+    (repo / "results" / "padding_leakage.csv").write_text(f"spc,commit\n0.9,{git(repo, 'rev-parse', 'HEAD')}\n")
+    commit_change(repo, "train.py")
+    commit_change(repo, "configs/digits_cell.yaml")
+    assert states(repo) == {"padding_leakage.csv": "fresh"}
+    commit_change(repo, "vispe/probes/runner.py")
+    v = freshness.check(repo)[0]
+    assert v.state == "STALE, NOT MARKED" and "vispe/probes/runner.py" in freshness.explain(v)
+
+
+def test_a_csv_named_after_no_config_follows_the_config_its_runs_used(repo):
+    """relbias_init_vit.csv's runs use configs/digits_relative.yaml (freshness.CONFIG_OF): another task's config
+    leaves it fresh (it followed every config before), its own does not."""
+    (repo / "configs" / "digits_relative.yaml").write_text("a: 1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "config")
+    write_csv(repo, "relbias_init_vit.csv", [git(repo, "rev-parse", "HEAD")])
+    commit_change(repo, "configs/shapes_detr.yaml")
+    assert states(repo) == {"relbias_init_vit.csv": "fresh"}
+    commit_change(repo, "configs/digits_relative.yaml")
+    assert "configs/digits_relative.yaml" in next(iter(freshness.check(repo)[0].stale.values()))
 
 
 def test_csv_without_commit_and_curves(repo):
@@ -185,6 +211,23 @@ def test_csv_without_commit_and_curves(repo):
     assert states(repo) == {"digits_cell.csv": "fresh", "leak.csv": "STALE, NOT MARKED"}
     freshness.mark(str(d / "leak.csv"), "no commit recorded by its runner", root=repo, evidence="probe code unchanged")
     assert states(repo)["leak.csv"] == "stale, marked"
+
+
+def test_a_note_says_why_a_table_stays_stale_and_covers_nothing(repo):
+    a = git(repo, "rev-parse", "HEAD")
+    write_csv(repo, "digits_cell.csv", [a])
+    commit_change(repo, "vispe/attention.py")
+    freshness.mark("results/compare/data/digits_cell.csv", "why", root=repo, evidence="equal", extra={"smoke": {"x": 1}})
+    commit_change(repo, "vispe/attention.py")  # the mark expires; a remark finds the smoke different
+    freshness.note("results/compare/data/digits_cell.csv", "its smoke differs from 96f839e on", root=repo)
+    entry = freshness.load_marks(repo)["results/compare/data/digits_cell.csv"]
+    assert entry["smoke"] == {"x": 1} and entry["commits"] == [] and "files" not in entry  # kept for a later remark
+    v = freshness.check(repo)[0]
+    assert v.state == "STALE, NOT MARKED" and not v.ok
+    assert freshness.explain(v).startswith("its smoke differs from 96f839e on; code changed since these runs: ")
+    assert "96f839e" in freshness.status_line(v) and "96f839e" in freshness.report([v])[0]
+    with pytest.raises(ValueError, match="text="):
+        freshness.note("results/compare/data/digits_cell.csv", " ", root=repo)
 
 
 def test_mark_refuses_bad_input(repo):

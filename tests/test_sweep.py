@@ -2,18 +2,24 @@
 (submitit's local executor), the tidy table, and the checks it makes before running anything."""
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from vispe.sweep import cli, collect, grid
+from vispe.sweep import cli, collect, grid, trace
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs" / "digits_cell.yaml")
 TINY = ["train.epochs=2", "data.batch_size=16", "data.train_subset=48", "data.test_subset=32",
         "data.kwargs.n_train=64", "data.kwargs.n_test=32", "train.eval_sizes=[1.0,1.5]", "model.depth=1"]
+
+
+def blob(data: bytes) -> str:
+    """git's blob hash (``git hash-object``)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +81,13 @@ def test_tidy_table_matches_the_run_summaries(swept):
         assert row.step_time_s > 0 and row.peak_mem_mb > 50 and row.peak_mem_kind == "cpu_max_rss"
     params = df.drop_duplicates("encoding").set_index("encoding")["params"]
     assert params["learned_abs"] - params["none"] == 8 * 8 * 64 + 64  # the table + the class token's vector
+    # what the runs used (vispe.sweep.trace): learned_abs ran in one part; none was SIGKILLed, then resumed, so its
+    # record is refused (the killed part's files are unknown)
+    used = trace.read(out / "learned_abs_seed0")
+    assert used is not None and trace.read(out / "none_seed0") is None
+    assert {"train.py", "configs/digits_cell.yaml", "vispe/train/engine.py"} <= set(used)
+    assert not any(p.startswith((".venv/", "vispe/sweep/")) for p in used)
+    assert all(used[p] == blob((ROOT / p).read_bytes()) for p in used)
 
 
 def test_grid_order_names_and_vary():

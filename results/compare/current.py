@@ -62,7 +62,7 @@ def banner(task: str, olds: set[str]) -> str:
     each CSV, which also names its commits)."""
     root, marks = HERE.parents[1], freshness.load_marks(HERE.parents[1])
     verdict = lambda name: freshness.judge(root, HERE / "data" / f"{name}.csv", marks)  # noqa: E731
-    commits = lambda v: ", ".join(f"`{c[:7]}`" for c in v.commits) or "-"  # noqa: E731
+    commits = lambda v: ", ".join(f"`{freshness.short(c)}`" for c in v.commits) or "-"  # noqa: E731
     parts = []
     if (HERE / "data" / f"{task}_today.csv").is_file():
         v = verdict(f"{task}_today")

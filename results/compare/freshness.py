@@ -19,12 +19,18 @@ only while a mark in ``results/stale.json`` covers it. A mark is one of two kind
   old grid that a newer table is compared against); pages say so and quote them as that, not as
   today's. Records never expire.
 
+Rows whose runs recorded the files they used (the sweep runs train.py through vispe.sweep.trace; update.py
+writes ``<name>_code.json`` beside the CSV: per commit, each file's hash then) are judged by those files only, as
+they are in this checkout: a change elsewhere in the package leaves them fresh, and a ``+dirty`` run is judged
+too. The rule below is for rows without such a record.
+
 A CSV without a ``commit`` column is stale unless marked ("no commit recorded"); ``<name>_curves.csv``
 is covered by ``<name>.csv``. The files a run uses for the fresh test (a conservative rule, not a trace):
 ``train.py``, the task's ``configs/<task>.yaml`` (``CONFIG_OF`` where the CSV's runs used a config of
 another name, else the longest config name within the CSV's name; every config when none matches)
 and every file under ``vispe/`` except ``EXCLUDED`` (packages a training run never imports:
-tests/test_results_fresh.py checks it).
+tests/test_results_fresh.py checks it); for the probe runner's CSVs (``PROBES``), every file under ``vispe/``
+except ``EXCLUDED`` but with ``vispe/probes``.
 """
 from __future__ import annotations
 
@@ -42,8 +48,15 @@ MARKS = "results/stale.json"
 EXCLUDED = ("vispe/analysis", "vispe/probes", "vispe/report.py", "vispe/export.py", "vispe/sweep")
 #: CSV name -> the config its runs use, where the names differ: DETR Table 3's 16-epoch recipe moved from
 #: configs/shapes_detr.yaml (now a five-minute default) to configs/shapes_detr_table3.yaml (issue 39)
-CONFIG_OF = {"shapes_detr": "shapes_detr_table3", "shapes_detr_queries": "shapes_detr_table3",
-             "shapes_detr_init": "shapes_detr_table3", "shapes_detr_init_1thread": "shapes_detr_table3"}
+CONFIG_OF: dict[str, str | tuple[str, ...]] = {
+    "shapes_detr": "shapes_detr_table3", "shapes_detr_queries": "shapes_detr_table3",
+    "shapes_detr_init": "shapes_detr_table3", "shapes_detr_init_1thread": "shapes_detr_table3",
+    "relbias_init_vit": "digits_relative", "relbias_init_torch": "digits_relative",  # relbias on digits_relative
+    "detr_backbones": ("shapes_detr", "shapes_detr_vit")}  # the small-CNN row and the ViT-backbone rows
+
+
+#: CSVs written by ``python -m vispe.probes.runner`` (no train.py, no config): their runs use vispe/ with its probes
+PROBES = ("padding_leakage",)
 
 
 NO_HASHES = "(the mark holds no file hashes: made before issue 53, it cannot tell what changed since)"
@@ -58,6 +71,7 @@ class Verdict:
     expired: list[str] = field(default_factory=list)  # files changed since the mark covering it was made
     record: bool = False  # the mark keeps the rows as the record of their commit
     evidence: str = ""  # the mark's evidence
+    note: str = ""  # why it stays STALE (``note``: e.g. its smoke differs, and from which commit)
 
     @property
     def state(self) -> str:
@@ -88,25 +102,28 @@ def file_hash(root: Path, rel: str) -> str:
     return blob(f.read_bytes()) if f.is_file() else "deleted"
 
 
-def _config(root: Path, csv: Path) -> str:
-    configs = sorted(p.stem for p in (root / "configs").glob("*.yaml"))
-    match = [CONFIG_OF[csv.stem]] if csv.stem in CONFIG_OF else [c for c in configs if c in csv.stem]
-    return f"configs/{max(match, key=len)}.yaml" if match else "configs"
+def _config(root: Path, csv: Path) -> list[str]:
+    if csv.stem in CONFIG_OF:
+        named = CONFIG_OF[csv.stem]
+        return [f"configs/{c}.yaml" for c in ((named,) if isinstance(named, str) else named)]
+    match = [c for c in sorted(p.stem for p in (root / "configs").glob("*.yaml")) if c in csv.stem]
+    return [f"configs/{max(match, key=len)}.yaml"] if match else ["configs"]
 
 
 def run_files(root: Path, csv: Path) -> list[str]:
     """The paths (files or folders) whose files the runs of ``csv`` use (see the module docstring)."""
-    return ["train.py", _config(root, csv), "vispe"]
+    return ["vispe"] if csv.stem in PROBES else ["train.py", *_config(root, csv), "vispe"]
 
 
-def _used(path: str) -> bool:
-    return not any(path == e or path.startswith(e + "/") for e in EXCLUDED) and "__pycache__" not in path
+def _used(path: str, csv: Path | None = None) -> bool:
+    excluded = [e for e in EXCLUDED if not (csv is not None and csv.stem in PROBES and e == "vispe/probes")]
+    return not any(path == e or path.startswith(e + "/") for e in excluded) and "__pycache__" not in path
 
 
 def tree_files(root: Path, csv: Path) -> dict[str, str]:
     """The run files of ``csv`` in this checkout (tracked or new, not ignored) -> blob hash."""
     out = _git(root, "ls-files", "--cached", "--others", "--exclude-standard", "--", *run_files(root, csv))
-    return {p: file_hash(root, p) for p in sorted(set(out.stdout.split())) if _used(p) and (root / p).is_file()}
+    return {p: file_hash(root, p) for p in sorted(set(out.stdout.split())) if _used(p, csv) and (root / p).is_file()}
 
 
 def commit_files(root: Path, commit: str, csv: Path) -> dict[str, str]:
@@ -114,35 +131,50 @@ def commit_files(root: Path, commit: str, csv: Path) -> dict[str, str]:
     if out.returncode != 0:
         raise RuntimeError(f"git ls-tree failed: {out.stderr.strip()}")
     rows = (line.split(None, 3) for line in out.stdout.splitlines())
-    return {r[3]: r[2] for r in rows if len(r) == 4 and _used(r[3])}
+    return {r[3]: r[2] for r in rows if len(r) == 4 and _used(r[3], csv)}
 
 
 def changed(then: dict[str, str], now: dict[str, str]) -> list[str]:
     return sorted(p for p in then.keys() | now.keys() if then.get(p) != now.get(p))
 
 
-#: vispe.sweep's suffix for a run started from a tree with uncommitted changes (``<sha>+dirty``)
-DIRTY = "+dirty"
+DIRTY = "+dirty"  # vispe.sweep.provenance's suffix: the run had uncommitted changes in tracked files
 
 
 def short(commit: str) -> str:
-    """``commit`` as the pages name it: 7 hex digits, ``+dirty`` kept (a dirty run is not its commit's)."""
-    base = commit.removesuffix(DIRTY)
-    return base[:7] + commit[len(base):]
+    """``commit`` as pages show it: seven hex digits, and ``+dirty`` where the run had uncommitted changes."""
+    return commit[:7] + (DIRTY if commit.endswith(DIRTY) else "")
 
 
 def commit_state(root: Path, commit: str, csv: Path, now: dict[str, str]) -> str | None:
-    """None when ``commit`` is fresh (its run files equal ``now``'s), else why not. A ``<sha>+dirty`` run is
-    judged at ``<sha>`` and never fresh: which uncommitted edits it ran with is not recorded."""
-    base = commit.removesuffix(DIRTY)
-    if _git(root, "rev-parse", "--verify", "--quiet", f"{base}^{{commit}}").returncode != 0:
+    """None when ``commit`` is fresh (its run files equal ``now``'s), else why not."""
+    if commit.endswith(DIRTY):  # the commit exists, the code the run used does not: no file can be compared
+        base = commit[: -len(DIRTY)]
+        known = _git(root, "rev-parse", "--verify", "--quiet", f"{base}^{{commit}}").returncode == 0
+        return (f"ran from uncommitted changes on top of {base[:7]}"
+                + ("" if known else f" ({base[:7]} is not in this repository's history)")
+                + ": the files it used are unknown, rerun it from a commit (or mark it)")
+    if _git(root, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}").returncode != 0:
         return "not in this repository's history"
-    if _git(root, "merge-base", "--is-ancestor", base, "HEAD").returncode != 0:
+    if _git(root, "merge-base", "--is-ancestor", commit, "HEAD").returncode != 0:
         return "not an ancestor of HEAD"
-    diff = changed(commit_files(root, base, csv), now)
-    why = (["ran with uncommitted changes in its tree (not recorded which)"] if base != commit else []) + (
-        [f"{len(diff)} file(s) changed since: {', '.join(diff[:4])}" + (" ..." if len(diff) > 4 else "")] if diff else [])
-    return "; ".join(why) or None
+    diff = changed(commit_files(root, commit, csv), now)
+    return None if not diff else f"{len(diff)} file(s) changed since: {', '.join(diff[:4])}" + (" ..." if len(diff) > 4 else "")
+
+
+def traced(csv: Path) -> dict[str, dict[str, str] | None]:
+    """``<name>_code.json`` beside ``csv`` (update.py, from the runs' imports.json): per commit, the files its
+    runs used and their hashes then; empty when its runs were not traced."""
+    f = csv.with_name(csv.stem + "_code.json")
+    return json.loads(f.read_text()) if f.is_file() else {}
+
+
+def traced_state(root: Path, files: dict[str, str]) -> str | None:
+    """None when every file the runs used is as it was (this checkout), else which changed. Whatever the commit
+    (an older one, a +dirty one): the content is what the runs ran."""
+    diff = sorted(p for p, h in files.items() if file_hash(root, p) != h)
+    return None if not diff else (f"{len(diff)} file(s) its runs used changed since: {', '.join(diff[:4])}"
+                                  + (" ..." if len(diff) > 4 else ""))
 
 
 def load_marks(root: Path) -> dict:
@@ -174,13 +206,21 @@ def judge(root: Path, csv: Path, marks: dict) -> Verdict:
     if commits is None:
         stale = {"-": "no commit recorded"}
     else:
-        now = tree_files(root, csv)
-        stale = {c: s for c in commits if (s := commit_state(root, c, csv, now))}
+        code, now = traced(csv), None
+        stale: dict[str, str] = {}
+        for c in commits:
+            if isinstance(code.get(c), dict):  # the runs recorded what they used (vispe.sweep.trace)
+                s = traced_state(root, code[c])
+            else:
+                now = tree_files(root, csv) if now is None else now
+                s = commit_state(root, c, csv, now)
+            if s:
+                stale[c] = s
     entry = marks.get(rel)
     covers = entry is not None and bool(stale) and set(stale) <= set(entry.get("commits", [])) | (
         {"-"} if commits is None else set())
     if not covers:
-        return Verdict(rel, commits or [], stale, None)
+        return Verdict(rel, commits or [], stale, None, note=(entry or {}).get("note", "") if stale else "")
     expired = expired_files(root, entry)
     return Verdict(rel, commits or [], stale, None if expired else entry["reason"], expired,
                    bool(entry.get("record")), entry.get("evidence", ""))
@@ -234,6 +274,21 @@ def mark(csv: str, reason: str, root: Path = ROOT, *, evidence: str = "", record
     return entry
 
 
+def note(csv: str, text: str, root: Path = ROOT) -> dict:
+    """Say in results/stale.json why ``csv`` stays STALE (e.g. "its smoke differs from <commit> on: ..."); the
+    check and the pages show it beside what changed. It covers nothing: the CSV stays STALE until rerun or
+    re-marked (the entry's smoke variant and reason are kept; its expired evidence and hashes are dropped)."""
+    if not text.strip():
+        raise ValueError(f"text={text!r}: expected why the table stays stale (what differs, from which commit)")
+    path = _csv_path(csv, root)
+    marks = load_marks(root)
+    kept = {k: v for k, v in marks.get(path.relative_to(root).as_posix(), {}).items() if k in ("reason", "smoke")}
+    entry = {**kept, "commits": [], "note": " ".join(text.split())}  # the smoke spec stays for a later --remark
+    marks[path.relative_to(root).as_posix()] = entry
+    (root / MARKS).write_text(json.dumps(dict(sorted(marks.items())), indent=1) + "\n")
+    return entry
+
+
 RUN_KEYS = ("task", "data", "backbone", "encoding", "variant", "pe_kwargs", "padding", "input", "target",
             "level", "seed", "commit")  # the columns that name one run (rows are per evaluation size)
 
@@ -262,10 +317,11 @@ def explain(v: Verdict) -> str:
     if v.state == "record":
         return f"kept as the record of {', '.join(short(c) for c in v.commits) or 'its commit'}, not as today's code: {v.mark}"
     if v.state == "stale, marked":
-        return f"{v.mark} Evidence: {v.evidence}"
+        return f"{v.mark.rstrip('.')}. Evidence: {v.evidence}"
+    note = f"{v.note.rstrip('.')}; " if v.note else ""
     if v.expired and v.expired != [NO_HASHES]:
-        return "code changed since the mark's evidence: " + ", ".join(v.expired)
-    return "code changed since these runs: " + "; ".join(f"{short(c)}: {s}" for c, s in v.stale.items())
+        return note + "code changed since the mark's evidence: " + ", ".join(v.expired)
+    return note + "code changed since these runs: " + "; ".join(f"{short(c)}: {s}" for c, s in v.stale.items())
 
 
 def status_line(v: Verdict) -> str:

@@ -59,7 +59,8 @@ def remark(name: str, against: str | None = None, root: Path = freshness.ROOT, l
         raise ValueError(f"name={name!r}: no commit to compare against; pass --against SHA")
     tree = same_numbers.snapshot(old)
     traced: set[str] = {"train.py", spec["config"]}
-    diffs = []
+    diffs: list[str] = []
+    added: set[str] = set()  # numbers only this checkout reports (a metric added since): not in the CSV's rows
     for run in spec["runs"]:
         what = " ".join([run["pe"], *run.get("overrides", [])])
         with tempfile.TemporaryDirectory() as d:
@@ -68,9 +69,11 @@ def remark(name: str, against: str | None = None, root: Path = freshness.ROOT, l
             now = same_numbers.numbers(root, spec["config"], run["pe"], [*run.get("overrides", []), *run.get("head", [])],
                                        Path(d) / "new", imports=Path(d) / "imports.json")
             traced |= imported(json.loads((Path(d) / "imports.json").read_text()), root)
-        same = then == now
-        log(f"{what:40s} {'same' if same else 'DIFFERENT' + same_numbers._where(then, now)}")
-        if not same:
+        differ, new = same_numbers.compare(then, now)
+        added |= set(new)
+        log(f"{what:40s} {'same' if not differ else 'DIFFERENT' + same_numbers._where(then, now)}"
+            + (f" (this checkout adds {', '.join(new)})" if new else ""))
+        if differ:
             diffs.append(what)
     if diffs:
         log(f"{name}: not re-marked, {', '.join(diffs)} differ between {old[:7]} and this checkout: rerun the rows")
@@ -83,7 +86,9 @@ def remark(name: str, against: str | None = None, root: Path = freshness.ROOT, l
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     pes = sorted({r["pe"] for r in spec["runs"]})
     evidence = (f"{len(spec['runs'])} smoke runs ({', '.join(pes)}; {spec['config']} --smoke, one thread) give the same numbers to "
-                f"the last bit at {old[:7]} and {head[:7]} ({when}, {_cpu()}; "
+                f"the last bit at {old[:7]} and {head[:7]}"
+                + (f" ({head[:7]} also reports {', '.join(sorted({k.rsplit('.', 1)[-1] for k in added}))}, not in the rows)"
+                   if added else "") + f" ({when}, {_cpu()}; "
                 f"`python results/compare/update.py --remark {name}`)")
     files = {p: freshness.file_hash(root, p) for p in sorted(traced)}
     freshness.mark(rel, entry["reason"], root, evidence=evidence, files=files, extra={"smoke": spec})

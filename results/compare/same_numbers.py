@@ -76,14 +76,37 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def _equal(a, b) -> bool:
+    """Equal to the last bit; a NaN equals a NaN (e.g. AP of a size class no box falls in, at both commits)."""
+    return a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)
+
+
+def _not_a_score(key: str, value) -> bool:
+    """COCOeval's -1.0 for an AP key ("no object of this kind among the images", e.g. APl on the shapes set): not
+    a score, left out of the metrics since 4339485, so an older run's -1.0 there is the same as no number."""
+    return key.rsplit(".", 1)[-1].removeprefix("test_").startswith("AP") and value == -1.0  # final.test_APl too
+
+
+def compare(then: dict, now: dict) -> tuple[list[str], list[str]]:
+    """(the numbers of ``then`` that differ at ``now`` or are gone there, the numbers only ``now`` has), as dotted
+    keys. The old run's numbers are what its CSV rows hold: a metric this checkout adds (e.g. a new column) leaves
+    them equal, and is named apart; an AP of -1.0 that this checkout leaves out is no number (``_not_a_score``)."""
+    a, b = _flat(then), _flat(now)
+    differ = [k for k in a if (k not in b and not _not_a_score(k, a[k])) or (k in b and not _equal(a[k], b[k]))]
+    return sorted(differ), sorted(b.keys() - a.keys())
+
+
 def _where(then: dict, now: dict) -> str:
     """Which numbers differ and by how much (relative), e.g. `` (4 numbers, largest 1e-07 at eval.64.loss)``."""
     a, b = _flat(then), _flat(now)
-    diff = {k: (a.get(k), b.get(k)) for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
+    diff = {k: (a.get(k), b.get(k)) for k in compare(then, now)[0]}
+    if not diff:
+        return ""
     rel = {k: abs(x - y) / max(abs(x), abs(y), 1e-12) if isinstance(x, float) and isinstance(y, float) else float("inf")
            for k, (x, y) in diff.items()}
     worst = max(rel, key=rel.get)
-    return f" ({len(diff)} numbers, largest relative difference {rel[worst]:.1e} at {worst})"
+    named = ", ".join(sorted(diff)[:4]) + (" ..." if len(diff) > 4 else "")
+    return f" ({len(diff)} numbers, largest relative difference {rel[worst]:.1e} at {worst}; {named})"
 
 
 def main(argv=None) -> int:
@@ -100,9 +123,11 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory() as d:
             then = numbers(old, a.config, pe, a.overrides, Path(d) / "old")
             now = numbers(ROOT, a.config, pe, [*a.overrides, *a.head.split()], Path(d) / "new")
-        ok = then == now
+        differ, added = compare(then, now)
+        ok = not differ
         same &= ok
-        print(f"{pe:12s} {'same' if ok else 'DIFFERENT' + _where(then, now)}: {a.old[:7]} {json.dumps(then)} | "
+        extra = f" (this checkout adds {', '.join(added)})" if added else ""
+        print(f"{pe:12s} {'same' + extra if ok else 'DIFFERENT' + _where(then, now)}: {a.old[:7]} {json.dumps(then)} | "
               f"HEAD {json.dumps(now)}", flush=True)
     return 0 if same else 1
 

@@ -12,6 +12,7 @@ CSVs (the prose around the blocks is written by hand).
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
@@ -27,6 +28,7 @@ sys.path.insert(0, str(HERE.parents[1]))  # this checkout's vispe
 sys.path.insert(0, str(HERE))
 
 from vispe import report  # noqa: E402
+from vispe.sweep import trace  # noqa: E402
 from vispe.sweep.collect import merge_tables  # noqa: E402
 
 import freshness  # noqa: E402  (results/compare/freshness.py, beside this file)
@@ -47,6 +49,16 @@ SWEEPS += tables_realtime.SWEEPS  # issue 48: RT-DETR and D-FINE on the shapes s
 INITS = (("relbias_init_vit", "ViT / timm default (`weight_init=''`: trunc-normal 0.02, zero biases)"),
          ("relbias_init_torch", "PyTorch default (`model.kwargs.weight_init=torch`: Kaiming-uniform, std ~0.07, non-zero biases)"))
 CHANCE = {"digits_cell": 1 / 9, "digits_relative": 1 / 4, "digits_content_position": 1 / 20, "digits_class": 1 / 10}
+
+
+def _finished(df: pd.DataFrame | None, train_size: bool = True) -> pd.DataFrame | None:
+    """The finished runs' rows of ``df`` (at the training size only, by default) with their group; None when
+    none finished (a sweep folder of unfinished runs writes a table with no metric yet)."""
+    if df is None or "is_train_size" not in df:
+        return None
+    fin = df[df["status"] == "finished"]
+    fin = fin[fin["is_train_size"].astype(bool)] if train_size else fin
+    return None if fin.empty else report.add_group(fin)
 
 
 def today_vs_old(task: str) -> str:
@@ -94,10 +106,11 @@ def relbias_init_table() -> str:
              "|---|---|---|---|---|---|---|"]
     for name, label in INITS:
         df = load(name)
-        if df is None:
+        fin = _finished(df)
+        if fin is None:
             lines.append(f"| {label} | not run | | | | | |")
             continue
-        at = df[df["is_train_size"].astype(bool) & (df["status"] == "finished")].set_index("run")["acc"]
+        at = fin.set_index("run")["acc"]
         seeds = [at.get(f"relbias_seed{i}", float("nan")) for i in range(3)]
         got = at.dropna()
         above = int((got > CHANCE["digits_relative"] + 0.05).sum())
@@ -135,7 +148,7 @@ def detr_table() -> str:
     df = load("shapes_detr")
     lines = ["| spatial pos. enc. (encoder / decoder) | here: AP | here: AP50 | seeds | DETR R50 AP / AP50 (published) |",
              "|---|---|---|---|---|"]
-    fin = None if df is None else report.add_group(df[(df["status"] == "finished") & df["is_train_size"].astype(bool)])
+    fin = _finished(df)
     for row, group, paper in DETR_ROWS:
         g = None if fin is None else fin[fin["group"].map(_key) == _key(group)]
         if g is None or g.empty:
@@ -161,7 +174,7 @@ def queries_table() -> str:
     rows = [("DETR (learned query positions at attn., the default row above)", base, "sine", "R50 50 ep: 34.8")]
     rows += [(r, load("shapes_detr_queries"), g, p) for r, g, p in QUERY_ROWS]
     for row, df, group, paper in rows:
-        fin = None if df is None else report.add_group(df[(df["status"] == "finished") & df["is_train_size"].astype(bool)])
+        fin = _finished(df)
         g = None if fin is None else fin[fin["group"].map(_key) == _key(group)]
         if g is None or g.empty:
             lines.append(f"| {row} | pending | pending | 0 | - | {paper} |")
@@ -229,9 +242,8 @@ DEFORMABLE_ROWS = [  # (row, run name without _seedN in shapes_deformable_detr, 
 
 def _group_runs(csv: str, group: str) -> pd.DataFrame | None:
     """The finished runs of ``group`` (a report label) in the committed ``csv``, every size; None when none."""
-    df = load(csv)
-    fin = None if df is None else report.add_group(df[df["status"] == "finished"])
-    g = None if fin is None or fin.empty else fin[fin["group"].map(_key) == _key(group)]
+    fin = _finished(load(csv), train_size=False)
+    g = None if fin is None else fin[fin["group"].map(_key) == _key(group)]
     return None if g is None or g.empty else g
 
 
@@ -330,6 +342,16 @@ def fill(md: Path) -> None:
         md.write_text(new)
 
 
+def write_code(task: str, sweep: Path, fresh: pd.DataFrame, df: pd.DataFrame) -> None:
+    """data/<task>_code.json: per commit of the merged table, the files its runs used and their hashes (the runs'
+    imports.json, vispe.sweep.trace), so that freshness.py judges those rows by them; null: not traced."""
+    f = HERE / "data" / f"{task}_code.json"
+    code = trace.merge(json.loads(f.read_text()) if f.is_file() else {}, trace.by_commit(sweep, fresh))
+    code = {c: v for c, v in sorted(code.items()) if c in set(df["commit"].dropna().astype(str))}
+    if any(v is not None for v in code.values()):
+        f.write_text(json.dumps(code, indent=1, sort_keys=True) + "\n")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sweeps", default=str(HERE.parents[1] / "runs" / "sweeps"))
@@ -341,6 +363,8 @@ def main(argv=None) -> int:
     p.add_argument("--reason", default="", help="with --mark: why the table was not rerun")
     p.add_argument("--evidence", default="", help="with --mark: what shows the rows still hold at this checkout")
     p.add_argument("--record", action="store_true", help="with --mark: keep the rows as the record of their commit")
+    p.add_argument("--note", nargs=2, metavar=("CSV", "TEXT"), help="say why CSV stays STALE (what differs, from "
+                   "which commit): shown by --check and on the pages, it covers nothing")
     p.add_argument("--remark", metavar="NAME", help="re-mark data/NAME.csv from its smoke runs (remark.py)")
     p.add_argument("--against", default=None, help="with --remark: the commit to compare against")
     p.add_argument("--pages", action="store_true", help="only rewrite the pages' blocks (no sweep folders read)")
@@ -351,6 +375,9 @@ def main(argv=None) -> int:
         return rc
     if args.mark:
         print(freshness.mark(args.mark, args.reason, evidence=args.evidence, record=args.record))
+        return 0
+    if args.note:
+        print(freshness.note(*args.note))
         return 0
     if args.remark:
         import remark  # noqa: PLC0415  (beside this file; runs training, so only loaded here)
@@ -369,6 +396,7 @@ def main(argv=None) -> int:
         fresh = pd.read_csv(sweep / "results.csv")
         df = merge_tables(load(task), fresh)  # committed runs whose folders are gone stay
         df.to_csv(HERE / "data" / f"{task}.csv", index=False)
+        write_code(task, sweep, fresh, df)
         curves, hist = HERE / "data" / f"{task}_curves.csv", report.histories(sweep, fresh)
         old = pd.read_csv(curves) if curves.is_file() else pd.DataFrame(columns=["run"])
         kept = set(df["run"]) - set(hist["run"] if len(hist) else [])

@@ -18,6 +18,9 @@ from pathlib import Path
 
 POINT_FILE = "point.json"  # written by the sweep into each run folder before it runs
 RESULTS_FILE = "results.csv"
+#: the columns every table has, even when no run finished (a folder of unfinished runs): readers select on them
+COLUMNS = ("run", "status", "encoding", "label", "seed", "task", "data", "model", "metric", "train_size", "eval_size",
+           "scale", "is_train_size", "value", "commit")
 _RUN_KEYS = ("params", "epochs", "steps", "step_time_s", "peak_mem_mb", "peak_mem_kind", "train_time_s",
              "eval_time_s", "device", "world_size", "torch", "threads", "date")
 
@@ -107,6 +110,8 @@ def collect(sweep_dir: str | Path, *, write: bool = True):
         raise FileNotFoundError(f"sweep folder {str(sweep_dir)!r} does not exist")
     rows = [r for f in run_folders(sweep_dir) for r in run_rows(f)]
     df = pd.DataFrame(rows)
+    if len(df):  # a folder of unfinished runs has no metric columns yet: add them, empty
+        df = df.reindex(columns=list(dict.fromkeys([*df.columns, *COLUMNS])))
     if write:
         tmp = sweep_dir / (RESULTS_FILE + ".tmp")
         df.to_csv(tmp, index=False)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import vispe
+from vispe.sweep.trace import traced
 
 LAUNCHERS = ("local", "submitit-local", "slurm")
 STOPPED = 130  # train.py's exit status after Ctrl-C / SIGTERM (checkpoint saved)
@@ -47,10 +48,12 @@ def run_point(argv: list[str], log_path: str, env: dict | None = None) -> dict:
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
+    # train.py through the tracing wrapper: the run folder gets imports.json, the files it used (trace.py)
+    run, trace_env = traced(argv, log_path.parent) if Path(argv[1]).name == "train.py" else (argv, {})
     with open(log_path, "a") as log:
         log.write(f"\n$ {' '.join(argv)}\n")
         log.flush()
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+        proc = subprocess.Popen(run, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {}), **trace_env},
                                 cwd=str(train_script().parent))
         forward = threading.current_thread() is threading.main_thread()
         old = signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM)) if forward else None

@@ -48,6 +48,7 @@ from vispe.models.detr.load.upgrade import is_vispe_checkpoint, upgrade_config
 from vispe.models.detr.model import DETR
 from vispe.models.detr.realtime import load as R  # RT-DETR (issue 48)
 from vispe.models.detr.realtime.model import RTDETR
+from vispe.models.detr.vitdet.model import ViTDETR  # the return annotation (the loader stays lazy below)
 
 _COMMON = [  # (pattern, replacement) applied to both formats after their own renames
     (r"^bbox_predictor\.layers\.", "bbox_embed.layers."),
@@ -193,7 +194,7 @@ def _architecture(state: dict, hints: dict) -> dict:
     return arch
 
 
-def load_detr(source, config=None, **overrides) -> DETR | RTDETR:
+def load_detr(source, config=None, **overrides) -> DETR | RTDETR | ViTDETR:
     """A vispe DETR built for ``source``'s architecture with its weights (module docstring); ``config``: a
     transformers ``DeformableDetrConfig`` beside a Deformable DETR state_dict, or an ``RTDetrConfig`` beside
     an RT-DETR one."""
