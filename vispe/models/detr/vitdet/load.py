@@ -17,6 +17,7 @@ import torch
 
 from vispe.models.detr.load.keys import rename_keys
 from vispe.models.detr.vitdet.build import create_vit_detr, from_hf_config
+from vispe.models.detr.vitdet.load_original import is_original, rename_original
 from vispe.models.detr.vitdet.model import ViTDETR
 
 CLASSES = ("LwDetrForObjectDetection", "RfDetrForObjectDetection")
@@ -69,7 +70,8 @@ def is_vit_detr(source: Any, config: Any = None) -> bool:
 
 def load_vit_detr(source: Any, config: Any = None, **overrides: Any) -> ViTDETR:
     """vispe's ``ViTDETR`` with ``source``'s weights: a transformers ``LwDetrForObjectDetection`` /
-    ``RfDetrForObjectDetection``, or its state_dict with ``config``; ``overrides`` go to
+    ``RfDetrForObjectDetection``, or its state_dict with ``config``, or a checkpoint of the original
+    repositories (Atten4Vis/LW-DETR, roboflow/rf-detr: ``load_original``) with ``config``; ``overrides`` go to
     ``create_vit_detr`` (e.g. ``mask_aware=True``, or an ``encoding`` beside the table)."""
     if is_vit_detr(source):
         if config is not None:
@@ -82,7 +84,7 @@ def load_vit_detr(source: Any, config: Any = None, **overrides: Any) -> ViTDETR:
     else:
         raise ValueError(f"source is a {type(source).__name__}: expected one of {CLASSES} or a state_dict")
     model = create_vit_detr(**{**from_hf_config(config), **overrides})
-    state = rename({k: v for k, v in state.items() if not k.endswith("num_batches_tracked")})
+    state = rename_original(state) if is_original(state) else rename(state)
     if model.backbone.pos_embed is None:  # table_grid=None asked for: the table is replaced (an encoding, or none)
         state.pop("backbone.pos_embed", None)
     have = {k for k in model.state_dict() if not k.endswith("num_batches_tracked")
