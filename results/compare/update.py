@@ -38,10 +38,11 @@ import spread  # noqa: E402  (beside this file: the seeds' and machines' spread,
 import tables_padding  # noqa: E402  (beside this file)
 import readme_figure  # noqa: E402  (beside this file: the README figure and its caption)
 import tables_dino  # noqa: E402  (beside this file: issue 47's tables, detr_dino.md)
+import tables_vit  # noqa: E402  (beside this file: issue 49's tables, detr_vit.md)
 
 SWEEPS = TASKS + ("shapes_detr", "shapes_detr_queries", "shapes_detr_init", "shapes_detr_init_1thread",
                   "shapes_deformable_detr", "shapes_dino", "shapes_dino_short", "relbias_init_vit",
-                  "relbias_init_torch")
+                  "relbias_init_torch", "shapes_rfdetr")
 INITS = (("relbias_init_vit", "ViT / timm default (`weight_init=''`: trunc-normal 0.02, zero biases)"),
          ("relbias_init_torch", "PyTorch default (`model.kwargs.weight_init=torch`: Kaiming-uniform, std ~0.07, non-zero biases)"))
 CHANCE = {"digits_cell": 1 / 9, "digits_relative": 1 / 4, "digits_content_position": 1 / 20, "digits_class": 1 / 10}
@@ -287,6 +288,8 @@ BLOCKS = {**{f"main:{t}": (lambda t=t: main_table(t)) for t in TASKS},
 BLOCKS.update({"leakage_cnn": tables_padding.leakage_cnn_table, "leakage_targets": tables_padding.leakage_targets_table,
                "leakage_vit": tables_padding.leakage_vit_table})  # results/padding_leakage.md's tables (issue 53)
 BLOCKS.update({"readme_caption": readme_figure.caption})  # README.md's figure caption, from its CSV (issue 53)
+BLOCKS.update({"detr_vit": tables_vit.vit_table, "detr_vit_paired": tables_vit.paired_table,
+               "detr_vit_step": tables_vit.step_ratio})  # results/compare/detr_vit.md (issue 49)
 
 
 STATUS = re.compile(r"(<!-- BEGIN freshness:([\w.-]+) -->\n)(?:.*?\n)?(<!-- END freshness:\2 -->)", re.S)
