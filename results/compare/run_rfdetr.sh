@@ -20,7 +20,7 @@ native() { sweep --pe learned_abs --seeds "$1"; }
 square() { sweep --pe learned_abs --vary data.train_augment=square --seeds "$1"; }
 rope() { sweep --pe rope_mixed --seeds "$1"; }
 mkdir -p "$(dirname "$OUT")"
-( native 0; rope 0; square 1; native 2; rope 2 ) > "${OUT}_lane1.log" 2>&1 &
-( square 0; native 1; rope 1; square 2 ) > "${OUT}_lane2.log" 2>&1 &
+( native 0; square 1; native 2; rope 2 ) > "${OUT}_lane1.log" 2>&1 &
+( square 0; rope 0; native 1; rope 1; square 2 ) > "${OUT}_lane2.log" 2>&1 &
 wait
 echo "RF-DETR sweeps done: $OUT"
