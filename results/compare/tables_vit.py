@@ -41,14 +41,14 @@ def _fmt(s: pd.Series) -> str:
 
 def vit_table() -> str:
     """One row per variant: AP, AP50, AP75 (mean ± std over seeds), AP per seed, seeds, step, wall, commits."""
-    lines = ["| RF-DETR-style detector (16 epochs, shapes set, one thread) | AP | AP50 | AP75 | AP per seed (0, 1, 2) "
+    lines = ["| RF-DETR-style detector (16 epochs, shapes set, one thread) | AP | AP50 | AP75 | AP per seed "
              "| seeds | step | wall s (mean) | commit |", "|---|---|---|---|---|---|---|---|---|"]
     for row, run in ROWS:
         g = _runs(run)
         if g is None:
             lines.append(f"| {row} | not finished | - | - | - | 0 | - | - | - |")
             continue
-        seeds = " / ".join(f"{a:.3f}" for a in g["AP"])
+        seeds = ", ".join(f"seed {int(k)}: {a:.3f}" for k, a in zip(g["seed"], g["AP"]))
         commits = ", ".join(sorted({str(c)[:7] + ("+dirty" if str(c).endswith("+dirty") else "")
                                     for c in g["commit"].dropna()}))
         lines.append(f"| {row} | {_fmt(g['AP'])} | {_fmt(g['AP50'])} | {_fmt(g['AP75'])} | {seeds} | {len(g)} "
