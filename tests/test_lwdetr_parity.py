@@ -70,3 +70,6 @@ def test_load_refuses_a_wrong_state(ref):
         load_vit_detr(state, ref.config)
     with pytest.raises(ValueError, match="expected config"):
         load_vit_detr(ref.state_dict())
+    extra = {**ref.state_dict(), "model.decoder.extra_head.weight": torch.zeros(2)}
+    with pytest.raises(ValueError, match=r"no rule knows: \['model\.decoder\.extra_head\.weight'\]"):
+        load_vit_detr(extra, ref.config)

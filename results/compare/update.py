@@ -41,10 +41,11 @@ import tables_padding  # noqa: E402  (beside this file)
 import readme_figure  # noqa: E402  (beside this file: the README figure and its caption)
 import tables_dino  # noqa: E402  (beside this file: issue 47's tables, detr_dino.md)
 import tables_realtime  # noqa: E402  (beside this file: issue 48's tables, detr_realtime.md)
+import tables_vit  # noqa: E402  (beside this file: issue 49's tables, detr_vit.md)
 
 SWEEPS = TASKS + ("shapes_detr", "shapes_detr_queries", "shapes_detr_init", "shapes_detr_init_1thread",
                   "shapes_deformable_detr", "shapes_dino", "shapes_dino_short", "relbias_init_vit",
-                  "relbias_init_torch")
+                  "relbias_init_torch", "shapes_rfdetr")
 SWEEPS += tables_realtime.SWEEPS  # issue 48: RT-DETR and D-FINE on the shapes set
 INITS = (("relbias_init_vit", "ViT / timm default (`weight_init=''`: trunc-normal 0.02, zero biases)"),
          ("relbias_init_torch", "PyTorch default (`model.kwargs.weight_init=torch`: Kaiming-uniform, std ~0.07, non-zero biases)"))
@@ -303,6 +304,8 @@ BLOCKS.update({"leakage_cnn": tables_padding.leakage_cnn_table, "leakage_targets
 BLOCKS.update({"readme_caption": readme_figure.caption})  # README.md's figure caption, from its CSV (issue 53)
 BLOCKS.update({"detr_realtime": lambda: tables_realtime.realtime_table(_ap_row), "detr_realtime_sizes":
                tables_realtime.sizes_table, "detr_realtime_step": tables_realtime.step_ratio})  # issue 48
+BLOCKS.update({"detr_vit": tables_vit.vit_table, "detr_vit_paired": tables_vit.paired_table,
+               "detr_vit_step": tables_vit.step_ratio})  # results/compare/detr_vit.md (issue 49)
 
 
 STATUS = re.compile(r"(<!-- BEGIN freshness:([\w.-]+) -->\n)(?:.*?\n)?(<!-- END freshness:\2 -->)", re.S)

@@ -6,7 +6,11 @@
 projections (keys matching ``fuse``: groups (prefix, "q" | "k" | "v", "weight" | "bias")) into one
 ``{prefix}.qkv.{kind}`` with rows q, k, v (``nn.MultiheadAttention``'s ``in_proj`` layout, vispe's
 ``Attention.qkv``), and returns the entries ``keep(old, new)`` refuses untouched beside them, for the
-loader's next rules. ``resnet_of(state)`` reads a torchvision ResNet's depth off its weights.
+loader's next rules. ``zero_bias`` names the projections whose bias a source may lack (LW-DETR's k
+projection has none): their rows of the fused bias are zeros, which changes no attention weight.
+``unknown=True`` refuses, by name, every key that no rule matches (a loader whose rules cover its whole
+layout, an identity rule for a name that stays). ``resnet_of(state)`` reads a torchvision ResNet's depth
+off its weights.
 """
 from __future__ import annotations
 
@@ -22,16 +26,22 @@ RESNETS_BY_SHAPE = {(2, False): "resnet18", (6, False): "resnet34", (6, True): "
 
 
 def rename_keys(state: dict, rules, *, fuse: re.Pattern | None = QKV, keep: Callable[[str, str], bool] | None = None,
-                name: str = "source") -> tuple[dict, dict]:
+                name: str = "source", zero_bias: str = "", unknown: bool = False) -> tuple[dict, dict]:
     """``(renamed, rest)`` of ``state`` (module docstring); ``name`` is what the errors call ``state``."""
+    if set(zero_bias) - set("qkv"):
+        raise ValueError(f"zero_bias={zero_bias!r}: expected letters of 'qkv' (the projections that may lack a bias)")
     compiled = [(re.compile(p) if isinstance(p, str) else p, r) for p, r in rules]
-    renamed, rest, pieces = {}, {}, {}
+    renamed, rest, pieces, unmatched = {}, {}, {}, []
     for key, value in state.items():
         if key.endswith("num_batches_tracked"):
             continue
-        new = key
+        new, hits = key, 0
         for pattern, repl in compiled:
-            new = pattern.sub(repl, new)
+            new, n = pattern.subn(repl, new)
+            hits += n
+        if unknown and not hits:
+            unmatched.append(key)
+            continue
         if keep is not None and not keep(key, new):
             rest[key] = value
             continue
@@ -40,7 +50,12 @@ def rename_keys(state: dict, rules, *, fuse: re.Pattern | None = QKV, keep: Call
             pieces.setdefault((m.group(1), m.group(3)), {})[m.group(2)] = value
             continue
         renamed[new] = value
+    if unmatched:
+        raise ValueError(f"{name} has {len(unmatched)} tensors no rule knows: {unmatched[:8]}")
     for (prefix, kind), parts in pieces.items():
+        if kind == "bias" and parts and set("qkv") - set(parts) <= set(zero_bias):
+            first = next(iter(parts.values()))
+            parts = {c: parts.get(c, torch.zeros_like(first)) for c in "qkv"}
         if set(parts) != {"q", "k", "v"}:
             raise ValueError(f"{name} has {sorted(parts)} projections for {prefix}.{kind}: expected q, k and v")
         renamed[f"{prefix}.qkv.{kind}"] = torch.cat([parts[c] for c in "qkv"], 0)

@@ -59,7 +59,7 @@ def _refuse(name: str, value: Any, expected: Any) -> None:
         raise ValueError(f"config {name}={value!r}: vispe's ViT detector implements {expected!r} only")
 
 
-def from_hf_config(config) -> dict[str, Any]:
+def from_hf_config(config: Any) -> dict[str, Any]:
     """``create_vit_detr`` arguments that rebuild transformers' ``LwDetrForObjectDetection`` /
     ``RfDetrForObjectDetection`` of ``config``."""
     kind = type(config).__name__

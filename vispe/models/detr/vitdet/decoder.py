@@ -23,6 +23,7 @@ Self-attention and cross-attention have their own head counts (transformers'
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -66,7 +67,9 @@ class DecoderLayer(nn.Module):
         self.mlp = ffn(d_model, dim_feedforward, dropout, activation)
         self.norm3 = nn.LayerNorm(d_model)
 
-    def forward(self, t, query_pos, reference, memory, levels: Levels, key_padding_mask=None, self_attn_mask=None):
+    def forward(self, t: torch.Tensor, query_pos: torch.Tensor, reference: torch.Tensor, memory: torch.Tensor,
+                levels: Levels, key_padding_mask: torch.Tensor | None = None,
+                self_attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``t`` (B, Q, d), ``query_pos`` (B, Q, d), ``reference`` (B, Q, L, 4) as (cy, cx, h, w).  # (B, Q, d)"""
         t = self.norm1(t + self.self_attn(t, attn_mask=self_attn_mask, ctx=PosContext(pos=query_pos)))
         t = self.norm2(t + self.dropout(self.cross_attn(t, reference, memory, levels, key_padding_mask,
@@ -77,7 +80,7 @@ class DecoderLayer(nn.Module):
 class LiteDecoder(nn.Module):
     """The decoder (module docstring): ``layers.{i}``, ``norm``, ``ref_point_head`` (MLP 2d -> d -> d)."""
 
-    def __init__(self, num_layers: int, d_model: int, *, mask_aware: bool = False, **layer_kw) -> None:
+    def __init__(self, num_layers: int, d_model: int, *, mask_aware: bool = False, **layer_kw: Any) -> None:
         super().__init__()
         self.d_model, self.mask_aware = d_model, mask_aware
         self.layers = nn.ModuleList(DecoderLayer(d_model, **layer_kw) for _ in range(num_layers))

@@ -35,7 +35,8 @@ class _Boxes(nn.Module):
         return out["pred_logits"], out["pred_boxes"]
 
 
-def export_vit_detr(model: ViTDETR, example: torch.Tensor | None = None, *, max_grid: int = 64):
+def export_vit_detr(model: ViTDETR, example: torch.Tensor | None = None, *,
+                    max_grid: int = 64) -> torch.export.ExportedProgram:
     """``torch.export.export`` of ``model`` (eval mode) with symbolic H and W (module docstring)."""
     if not isinstance(model, ViTDETR):
         raise ValueError(f"model is a {type(model).__name__}: expected vispe's ViTDETR")

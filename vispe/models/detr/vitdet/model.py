@@ -17,6 +17,8 @@ G groups (block-diagonal self-attention); eval the first.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -43,7 +45,7 @@ class ViTDETR(nn.Module):
         self.num_classes, self.aux_loss = num_classes, aux_loss
         self.num_queries = queries.num_queries
 
-    def forward(self, images: torch.Tensor, mask: torch.Tensor | None = None) -> dict:
+    def forward(self, images: torch.Tensor, mask: torch.Tensor | None = None) -> dict[str, Any]:
         """``images`` (B, 3, H, W), ``mask`` (B, H, W) True = padding -> the output dict (module docstring)."""
         B, _, H, W = images.shape
         if mask is not None and (mask.shape != (B, H, W) or mask.dtype != torch.bool):
@@ -63,7 +65,7 @@ class ViTDETR(nn.Module):
         hs = self.decoder(content, ref, memory, levels, ratios, kpm, self_mask)  # (L, B, G*Q, d)
         logits = self.class_embed(hs)  # (L, B, G*Q, K)
         boxes = refine(ref, self.bbox_embed(hs))  # (L, B, G*Q, 4)
-        out: dict = {"pred_logits": logits[-1], "pred_boxes": boxes[-1], "class_head": "sigmoid"}
+        out: dict[str, Any] = {"pred_logits": logits[-1], "pred_boxes": boxes[-1], "class_head": "sigmoid"}
         if self.aux_loss:
             out["aux_outputs"] = [{"pred_logits": a, "pred_boxes": b, "class_head": "sigmoid"}
                                   for a, b in zip(logits[:-1], boxes[:-1])]
@@ -80,7 +82,7 @@ class ViTDETR(nn.Module):
         """Pixels per window row / column: batches are padded to a multiple (windows over the padded grid)."""
         return self.backbone.patch_size * self.backbone.num_windows
 
-    def param_groups(self, lr: float, lr_backbone: float, weight_decay: float) -> list[dict]:
+    def param_groups(self, lr: float, lr_backbone: float, weight_decay: float) -> list[dict[str, Any]]:
         """The backbone at ``lr_backbone``, the rest at ``lr`` (the train loop's optimiser groups)."""
         named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
         return [{"params": [p for n, p in named if not n.startswith("backbone.")], "lr": lr, "weight_decay": weight_decay},

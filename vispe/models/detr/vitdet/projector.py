@@ -21,6 +21,7 @@ image alone equals it padded where its valid size is even, for the stride-2 scal
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -57,18 +58,18 @@ class ConvNorm(nn.Module):
 
 
 class _Pair(nn.Module):
-    def __init__(self, c: int, **kw) -> None:
+    def __init__(self, c: int, **kw: Any) -> None:
         super().__init__()
         self.conv1, self.conv2 = ConvNorm(c, c, 3, **kw), ConvNorm(c, c, 3, **kw)
 
-    def forward(self, x, mask=None):
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.conv2(self.conv1(x, mask), mask)
 
 
 class C2f(nn.Module):
     """The C2f block (module docstring): ``cin`` -> ``cout`` channels, hidden ``e = cout * expansion``."""
 
-    def __init__(self, cin: int, cout: int, num_blocks: int, expansion: float, **kw) -> None:
+    def __init__(self, cin: int, cout: int, num_blocks: int, expansion: float, **kw: Any) -> None:
         super().__init__()
         self.hidden = int(cout * expansion)
         self.conv1 = ConvNorm(cin, 2 * self.hidden, 1, **kw)
@@ -98,7 +99,7 @@ class _Sampling(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.out_channels = c // 4 if scale == 2.0 and c > 512 else c // 2 if scale == 2.0 else c
 
-    def forward(self, x, mask=None):
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         for layer in self.layers:
             x = layer(x, mask) if isinstance(layer, ConvNorm) else _zero(layer(x), mask)
         return x
@@ -108,10 +109,9 @@ class ScaleProjector(nn.Module):
     def __init__(self, in_channels: Sequence[int], d_model: int, scale: float, *, num_blocks: int,
                  expansion: float, act: str, norm: str, eps: float, sampling: bool) -> None:
         super().__init__()
-        self.sampling_layers = (nn.ModuleList(_Sampling(c, scale, eps=eps, norm=norm) for c in in_channels)
-                                if sampling else None)
-        cin = (sum(s.out_channels for s in self.sampling_layers) if self.sampling_layers is not None
-               else sum(in_channels))
+        samplers = [_Sampling(c, scale, eps=eps, norm=norm) for c in in_channels] if sampling else None
+        self.sampling_layers = nn.ModuleList(samplers) if samplers is not None else None
+        cin = sum(s.out_channels for s in samplers) if samplers is not None else sum(in_channels)
         self.projector_layer = C2f(cin, d_model, num_blocks, expansion, norm=norm, act=act, eps=eps)
         self.layer_norm = ChannelNorm(d_model, eps=1e-6)
 

@@ -26,7 +26,7 @@ from vispe.models.detr.transformer.deformable_decoder import encoder_proposals
 from vispe.models.detr.vitdet.decoder import refine
 
 
-def group_mask(groups: int, num_queries: int, device=None) -> torch.Tensor:
+def group_mask(groups: int, num_queries: int, device: torch.device | None = None) -> torch.Tensor:
     """Block-diagonal self-attention mask of ``groups`` groups, True = may attend.  # (G*Q, G*Q)"""
     g = torch.arange(groups * num_queries, device=device) // num_queries
     return g[:, None] == g[None, :]
@@ -51,7 +51,8 @@ class GroupTwoStageQueries(nn.Module):
     def active_groups(self) -> int:
         return self.groups if self.training else 1
 
-    def forward(self, memory: torch.Tensor, key_padding_mask: torch.Tensor | None, levels: Levels):
+    def forward(self, memory: torch.Tensor, key_padding_mask: torch.Tensor | None,
+                levels: Levels) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         B, N, d = memory.shape
         Q = self.num_queries
         if N < Q:

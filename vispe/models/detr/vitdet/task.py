@@ -46,7 +46,7 @@ def from_train_config(num_classes: int, pe: str, detr: dict[str, Any], defaults:
     return create_vit_detr(flavour=detr["decoder"], num_classes=num_classes, **kw)
 
 
-def _stack_groups(out: dict, G: int) -> dict:
+def _stack_groups(out: dict[str, Any], G: int) -> dict[str, Any]:
     """(B, G*Q, .) predictions as (G*B, Q, .): group g of image b at row g*B + b."""
     def fold(t: torch.Tensor) -> torch.Tensor:
         B, GQ = t.shape[:2]
@@ -71,7 +71,7 @@ class GroupCriterion(nn.Module):
         super().__init__()
         self.criterion = criterion
 
-    def forward(self, outputs: dict, targets: list[dict]) -> dict:
+    def forward(self, outputs: dict[str, Any], targets: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         G = outputs.get("groups", 1)
         if G == 1:
             return self.criterion({k: v for k, v in outputs.items() if k != "groups"}, targets)

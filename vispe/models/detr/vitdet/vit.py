@@ -105,12 +105,13 @@ class WindowedViT(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if cls_token else None
         self.pos_embed = (nn.Parameter(torch.zeros(1, 1 + table_grid * table_grid, embed_dim))
                           if table_grid is not None else None)
-        self.blocks = nn.ModuleList(Block(embed_dim, num_heads, mlp_ratio, eps=eps, layer_scale=layer_scale,
-                                          window=i in set(window_blocks)) for i in range(depth))
+        blocks = [Block(embed_dim, num_heads, mlp_ratio, eps=eps, layer_scale=layer_scale,
+                        window=i in set(window_blocks)) for i in range(depth)]
+        self.blocks = nn.ModuleList(blocks)
         self.norm = nn.LayerNorm(embed_dim, eps=eps) if out_norm else None
         self.encoding = encoding
         if encoding is not None:
-            for blk in self.blocks:
+            for blk in blocks:
                 blk.attn.set_pe(registry.build(encoding, num_heads=num_heads, head_dim=embed_dim // num_heads))
         if self.pos_embed is not None:
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
@@ -162,7 +163,8 @@ class WindowedViT(nn.Module):
             feats = [self.norm(f) for f in feats]
         return [f.permute(0, 3, 1, 2) for f in feats], small
 
-    def _windowed(self, x, cls, small, valid) -> list[torch.Tensor]:
+    def _windowed(self, x: torch.Tensor, cls: torch.Tensor | None, small: torch.Tensor | None,
+                  valid: torch.Tensor | None) -> list[torch.Tensor]:
         """The fast path: window blocks on (B*n*n) rectangles, global blocks on the whole grid."""
         B, h, w, C = x.shape
         n = self.num_windows
@@ -193,8 +195,11 @@ class WindowedViT(nn.Module):
                 feats.append(x)
         return feats
 
-    def _masked(self, x, cls, small, valid) -> list[torch.Tensor]:
+    def _masked(self, x: torch.Tensor, cls: torch.Tensor | None, small: torch.Tensor | None,
+                valid: torch.Tensor | None) -> list[torch.Tensor]:
         """The mask-aware path: one sequence per image, windows and padding as attention masks."""
+        if valid is None:
+            raise ValueError("the mask-aware path needs each image's valid grid: got valid=None")
         B, h, w, C = x.shape
         n = self.num_windows
         ids = W.window_ids(valid, (h, w), n).reshape(B, h * w)  # (B, h*w), -1 on padding
