@@ -5,7 +5,7 @@ boxes, training with denoising seeded alike (every layer, the pre-box head's, th
 import pytest
 import torch
 from test_deformable_encoder import perturb
-from test_rtdetr import ATOL, check_eval, diff, images
+from test_rtdetr import ATOL, check_eval, diff, images, train_both
 from transformers import DFineConfig, DFineForObjectDetection
 
 from vispe.models.detr import load_detr
@@ -47,15 +47,10 @@ def test_dfine_eval_equals_transformers(size, kw):
 def test_dfine_training_with_denoising_equals_transformers():
     hf = reference(seed=2)
     ours = load_detr(hf)
-    hf.train()
-    ours.train()
     x = images()
     boxes = [torch.tensor([[0.3, 0.4, 0.2, 0.3], [0.6, 0.5, 0.3, 0.2]]), torch.tensor([[0.5, 0.5, 0.4, 0.4]])]
     labels = [torch.tensor([1, 3]), torch.tensor([4])]
-    torch.manual_seed(5)
-    want = hf(pixel_values=x, labels=[{"class_labels": c, "boxes": b} for c, b in zip(labels, boxes)])
-    torch.manual_seed(5)
-    got = ours(x, targets=[{"labels": c, "boxes": b} for c, b in zip(labels, boxes)])
+    want, got = train_both(hf, ours, x, boxes, labels, seed=5)
     P = want.denoising_meta_values["dn_num_split"][0]
     layers = [*got["aux_outputs"], got]  # the pre-box head's, then layers 0..2
     assert len(layers) == want.intermediate_logits.shape[1] == 4

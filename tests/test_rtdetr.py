@@ -36,6 +36,18 @@ def diff(a, b):
     return (a - b).abs().max().item()
 
 
+def train_both(hf, ours, x, boxes, labels, seed):
+    """transformers' and vispe's model in training mode on the same images and targets, each called after
+    ``torch.manual_seed(seed)`` so that the denoising noise is drawn alike: (transformers' output, vispe's)."""
+    hf.train()
+    ours.train()
+    torch.manual_seed(seed)
+    want = hf(pixel_values=x, labels=[{"class_labels": c, "boxes": b} for c, b in zip(labels, boxes)])
+    torch.manual_seed(seed)
+    got = ours(x, targets=[{"labels": c, "boxes": b} for c, b in zip(labels, boxes)])
+    return want, got
+
+
 def check_eval(ours, hf, x, name, num_aux=2):
     with torch.no_grad():
         want, got = hf(pixel_values=x), ours.eval()(x)
@@ -86,16 +98,11 @@ def test_eval_size_set_vispe_keeps_the_position_transformers_drops_it():
 def test_training_with_denoising_equals_transformers_seeded_alike():
     hf = reference(seed=5)
     ours = load_detr(hf)
-    hf.train()
-    ours.train()
     x = images()
     boxes = [torch.tensor([[0.3, 0.4, 0.2, 0.3], [0.6, 0.5, 0.3, 0.2], [0.5, 0.7, 0.4, 0.3]]),
              torch.tensor([[0.5, 0.5, 0.4, 0.4]])]
     labels = [torch.tensor([1, 3, 0]), torch.tensor([4])]
-    torch.manual_seed(11)
-    want = hf(pixel_values=x, labels=[{"class_labels": c, "boxes": b} for c, b in zip(labels, boxes)])
-    torch.manual_seed(11)
-    got = ours(x, targets=[{"labels": c, "boxes": b} for c, b in zip(labels, boxes)])
+    want, got = train_both(hf, ours, x, boxes, labels, seed=11)
     meta = want.denoising_meta_values
     P = meta["dn_num_split"][0]
     assert got["dn_meta"].pad_size == P == 2 * 6 * 3 and got["dn_meta"].num_groups == meta["dn_num_group"]
