@@ -22,7 +22,7 @@ ROWS = [  # (row, CSV, run name without _seedN, published COCO AP)
     ("DINO (`configs/shapes_dino.yaml`, [detr_dino.md](detr_dino.md))", "shapes_dino", "sine", "R50 12 ep: 49.0"),
     ("RT-DETR, AIFI's sin-cos (`sincos2d`, mask-aware, transformers' layout)", "shapes_rtdetr", "sincos2d", "R50: 53.1"),
     ("RT-DETR, AIFI's encoding `rope_mixed`", "shapes_rtdetr", "rope_mixed", "-"),
-    ("D-FINE (`configs/shapes_dfine.yaml`: FDR, LQE, FGL + DDF; AIFI's sin-cos)", "shapes_dfine", "sincos2d", "-"),
+    ("D-FINE (`configs/shapes_dfine.yaml`: FDR, LQE, FGL + DDF; AIFI's sin-cos)", "shapes_dfine", "sincos2d", "L: 53.9"),
 ]
 HEADER = ["| design (16 epochs, shapes set) | threads | AP | AP50 | AP per seed | AP at 0.75x / 1.5x | seeds | step "
           "| commit | published (COCO) |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -78,3 +78,57 @@ def step_ratio() -> str:
     return (f"RT-DETR's training step, vispe / transformers: **{wall.group(1)}** wall (quartiles {wall.group(2)}), "
             f"**{cpu.group(1)}** CPU (quartiles {cpu.group(2)}); one thread, `bench/rtdetr_step.py`, commit "
             f"{commit.group(1) if commit else '?'}: [results/bench_rtdetr_step.md](../bench_rtdetr_step.md)")
+
+
+#: the paired comparisons of this page: (label, (CSV, run) minus (CSV, run)), seeds paired by number
+PAIRS = [
+    ("RT-DETR: `rope_mixed` - AIFI's sin-cos", ("shapes_rtdetr", "rope_mixed"), ("shapes_rtdetr", "sincos2d")),
+    ("D-FINE - RT-DETR (both AIFI's sin-cos)", ("shapes_dfine", "sincos2d"), ("shapes_rtdetr", "sincos2d")),
+]
+
+
+def _ap_by_seed(csv: str, run: str) -> dict[tuple[int, float], float]:
+    """{(seed, scale): AP} of the finished runs ``run``_seedN in data/<csv>.csv."""
+    g = _runs(csv, run)
+    if g is None:
+        return {}
+    return {(int(s), round(float(c), 2)): float(a) for s, c, a in zip(g["seed"], g["scale"], g["AP"])}
+
+
+def _verdict(diffs: list[float]) -> str:
+    """'within the seed spread' unless the mean paired difference is over two standard errors from 0."""
+    if len(diffs) < 2:
+        return "one seed: no verdict"
+    s = pd.Series(diffs)
+    se = float(s.std()) / len(diffs) ** 0.5
+    return "within the seed spread" if abs(float(s.mean())) <= 2 * se else (
+        "higher" if float(s.mean()) > 0 else "lower") + " by more than two standard errors"
+
+
+def paired_table() -> str:
+    """Per pair of rows and evaluation scale: the AP difference paired by seed (mean +- sd, per seed) and
+    a verdict; then per design, AP at 0.75x and 1.5x minus AP at 1x (the resolution question)."""
+    lines = ["| comparison | scale | mean difference +- sd | per seed | verdict |", "|---|---|---|---|---|"]
+    for label, a, b in PAIRS:
+        ap_a, ap_b = _ap_by_seed(*a), _ap_by_seed(*b)
+        for scale in (0.75, 1.0, 1.5):
+            seeds = sorted(s for s, c in ap_a if c == scale and (s, scale) in ap_b)
+            if not seeds:
+                continue
+            d = [ap_a[s, scale] - ap_b[s, scale] for s in seeds]
+            sd = f" +- {pd.Series(d).std():.3f}" if len(d) > 1 else ""
+            lines.append(f"| {label} | {scale}x | {sum(d) / len(d):+.3f}{sd} | "
+                         f"{' / '.join(f'{x:+.3f}' for x in d)} | {_verdict(d)} |")
+    for label, csv, run in (("RT-DETR, sin-cos", "shapes_rtdetr", "sincos2d"),
+                            ("RT-DETR, `rope_mixed`", "shapes_rtdetr", "rope_mixed"),
+                            ("D-FINE", "shapes_dfine", "sincos2d")):
+        ap = _ap_by_seed(csv, run)
+        for scale in (0.75, 1.5):
+            seeds = sorted(s for s, c in ap if c == scale and (s, 1.0) in ap)
+            if not seeds:
+                continue
+            d = [ap[s, scale] - ap[s, 1.0] for s in seeds]
+            sd = f" +- {pd.Series(d).std():.3f}" if len(d) > 1 else ""
+            lines.append(f"| {label}: AP at {scale}x - at 1x | {scale}x | {sum(d) / len(d):+.3f}{sd} | "
+                         f"{' / '.join(f'{x:+.3f}' for x in d)} | {_verdict(d)} |")
+    return "\n".join(lines)

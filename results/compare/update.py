@@ -303,7 +303,8 @@ BLOCKS.update({"leakage_cnn": tables_padding.leakage_cnn_table, "leakage_targets
                "leakage_vit": tables_padding.leakage_vit_table})  # results/padding_leakage.md's tables (issue 53)
 BLOCKS.update({"readme_caption": readme_figure.caption})  # README.md's figure caption, from its CSV (issue 53)
 BLOCKS.update({"detr_realtime": lambda: tables_realtime.realtime_table(_ap_row), "detr_realtime_sizes":
-               tables_realtime.sizes_table, "detr_realtime_step": tables_realtime.step_ratio})  # issue 48
+               tables_realtime.sizes_table, "detr_realtime_step": tables_realtime.step_ratio,
+               "detr_realtime_paired": tables_realtime.paired_table})  # issue 48
 BLOCKS.update({"detr_vit": tables_vit.vit_table, "detr_vit_paired": tables_vit.paired_table,
                "detr_vit_step": tables_vit.step_ratio})  # results/compare/detr_vit.md (issue 49)
 
