@@ -48,7 +48,9 @@ def write_csv(repo: Path, name: str, commits: list[str]) -> Path:
 
 
 def commit_change(repo: Path, path: str) -> str:
-    (repo / path).write_text((repo / path).read_text() + "# changed\n")
+    """Commit a change of ``path`` that a run can see (a YAML config gets a new key, not just a comment)."""
+    text = (repo / path).read_text()
+    (repo / path).write_text(text + (f"changed_{len(text)}: 1\n" if path.endswith(".yaml") else "# changed\n"))
     git(repo, "commit", "-qam", f"change {path}")
     return git(repo, "rev-parse", "HEAD")
 
@@ -128,8 +130,28 @@ def test_a_record_mark_keeps_old_rows_as_their_commits_record(repo):
 
 def test_config_change_makes_its_task_stale(repo):
     write_csv(repo, "digits_cell.csv", [git(repo, "rev-parse", "HEAD")])
-    commit_change(repo, "configs/digits_cell.yaml")
+    (repo / "configs/digits_cell.yaml").write_text("a: 2\n")
+    git(repo, "commit", "-qam", "a value of the config")
     assert states(repo) == {"digits_cell.csv": "STALE, NOT MARKED"}
+
+
+def test_a_config_comment_changes_nothing_a_value_does(repo):
+    """A YAML config whose parsed content is equal (its header comment rewritten, keys re-laid) leaves its
+    tables fresh, for a CSV judged by commit and for a traced one (``_code.json``) and a mark alike."""
+    head = git(repo, "rev-parse", "HEAD")
+    write_csv(repo, "digits_cell.csv", [head])
+    traced = write_csv(repo, "shapes_detr.csv", [head])
+    files = {p: freshness.file_hash(repo, p) for p in ("train.py", "configs/shapes_detr.yaml", "vispe/detr.py")}
+    traced.with_name("shapes_detr_code.json").write_text(json.dumps({head: files}))
+    (repo / "configs/digits_cell.yaml").write_text("a: 1\n# a comment appended\n")
+    (repo / "configs/shapes_detr.yaml").write_text("# Expected result: see the page\na:   1  # one\n")
+    git(repo, "commit", "-qam", "comments only")
+    assert states(repo) == {"digits_cell.csv": "fresh", "shapes_detr.csv": "fresh"}
+    (repo / "configs/shapes_detr.yaml").write_text("a: 1\nb: 2\n")  # a new key, uncommitted
+    assert states(repo) == {"digits_cell.csv": "fresh", "shapes_detr.csv": "STALE, NOT MARKED"}
+    (repo / "configs/shapes_detr.yaml").write_text("a: [1\n")  # unparsable: changed
+    assert freshness.differs(repo, "configs/shapes_detr.yaml", files["configs/shapes_detr.yaml"],
+                             freshness.file_hash(repo, "configs/shapes_detr.yaml"))
 
 
 def test_mark_covers_only_the_commits_it_recorded(repo):

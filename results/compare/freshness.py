@@ -24,6 +24,9 @@ writes ``<name>_code.json`` beside the CSV: per commit, each file's hash then) a
 they are in this checkout: a change elsewhere in the package leaves them fresh, and a ``+dirty`` run is judged
 too. The rule below is for rows without such a record.
 
+A YAML config counts as changed only when its parsed content changes (``differs``): a header comment rewritten
+(its "Expected result" pointing at the page, say) cannot move a run, so it leaves the tables fresh.
+
 A CSV without a ``commit`` column is stale unless marked ("no commit recorded"); ``<name>_curves.csv``
 is covered by ``<name>.csv``. The files a run uses for the fresh test (a conservative rule, not a trace):
 ``train.py``, the task's ``configs/<task>.yaml`` (``CONFIG_OF`` where the CSV's runs used a config of
@@ -42,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKS = "results/stale.json"
@@ -102,6 +106,29 @@ def file_hash(root: Path, rel: str) -> str:
     return blob(f.read_bytes()) if f.is_file() else "deleted"
 
 
+def _blob_text(root: Path, sha: str) -> str | None:
+    out = _git(root, "cat-file", "-p", sha)
+    return out.stdout if out.returncode == 0 else None
+
+
+def differs(root: Path, path: str, then: str | None, now: str | None) -> bool:
+    """Whether ``path`` changed between the blob hashes ``then`` and ``now`` in a way a run could see: a
+    YAML config whose parsed content is equal (only comments, e.g. its header's "Expected result", or
+    layout changed) has not; every other change of hash has."""
+    if then == now:
+        return False
+    if then is None or now is None or now == "deleted" or not path.endswith((".yaml", ".yml")):
+        return True
+    old, new = _blob_text(root, then), ((root / path).read_text() if file_hash(root, path) == now
+                                        else _blob_text(root, now))
+    if old is None or new is None:
+        return True
+    try:
+        return yaml.safe_load(old) != yaml.safe_load(new)
+    except yaml.YAMLError:
+        return True
+
+
 def _config(root: Path, csv: Path) -> list[str]:
     if csv.stem in CONFIG_OF:
         named = CONFIG_OF[csv.stem]
@@ -134,8 +161,10 @@ def commit_files(root: Path, commit: str, csv: Path) -> dict[str, str]:
     return {r[3]: r[2] for r in rows if len(r) == 4 and _used(r[3], csv)}
 
 
-def changed(then: dict[str, str], now: dict[str, str]) -> list[str]:
-    return sorted(p for p in then.keys() | now.keys() if then.get(p) != now.get(p))
+def changed(then: dict[str, str], now: dict[str, str], root: Path | None = None) -> list[str]:
+    """The paths whose hash differs; with ``root``, a YAML file equal once parsed is not counted (``differs``)."""
+    return sorted(p for p in then.keys() | now.keys() if then.get(p) != now.get(p)
+                  and (root is None or differs(root, p, then.get(p), now.get(p))))
 
 
 DIRTY = "+dirty"  # vispe.sweep.provenance's suffix: the run had uncommitted changes in tracked files
@@ -158,7 +187,7 @@ def commit_state(root: Path, commit: str, csv: Path, now: dict[str, str]) -> str
         return "not in this repository's history"
     if _git(root, "merge-base", "--is-ancestor", commit, "HEAD").returncode != 0:
         return "not an ancestor of HEAD"
-    diff = changed(commit_files(root, commit, csv), now)
+    diff = changed(commit_files(root, commit, csv), now, root)
     return None if not diff else f"{len(diff)} file(s) changed since: {', '.join(diff[:4])}" + (" ..." if len(diff) > 4 else "")
 
 
@@ -172,7 +201,7 @@ def traced(csv: Path) -> dict[str, dict[str, str] | None]:
 def traced_state(root: Path, files: dict[str, str]) -> str | None:
     """None when every file the runs used is as it was (this checkout), else which changed. Whatever the commit
     (an older one, a +dirty one): the content is what the runs ran."""
-    diff = sorted(p for p, h in files.items() if file_hash(root, p) != h)
+    diff = sorted(p for p, h in files.items() if differs(root, p, h, file_hash(root, p)))
     return None if not diff else (f"{len(diff)} file(s) its runs used changed since: {', '.join(diff[:4])}"
                                   + (" ..." if len(diff) > 4 else ""))
 
@@ -197,7 +226,7 @@ def expired_files(root: Path, entry: dict) -> list[str]:
     files = entry.get("files")
     if not files:
         return [NO_HASHES]
-    return sorted(p for p, h in files.items() if file_hash(root, p) != h)
+    return sorted(p for p, h in files.items() if differs(root, p, h, file_hash(root, p)))
 
 
 def judge(root: Path, csv: Path, marks: dict) -> Verdict:
