@@ -48,9 +48,10 @@ class DEIMv2(RTDETR):
         if part == "aifi":
             self.encoder.set_encoding(name, **kwargs)
         elif part == "backbone":
-            if not hasattr(self.backbone, "set_encoding"):
+            swap = getattr(self.backbone, "set_encoding", None)
+            if swap is None:
                 raise ValueError(f"part='backbone': this DEIMv2's backbone ({type(self.backbone).__name__}) has no "
                                  "position encoding to swap (the DINOv3 backbone has)")
-            self.backbone.set_encoding(name, **kwargs)
+            swap(name, **kwargs)
         else:
             raise ValueError(f"part={part!r}: expected 'aifi' or 'backbone'")

@@ -45,11 +45,11 @@ RULES = [
 DINOV3 = "model.conv_encoder.backbone."
 
 
-def is_dinov3(config) -> bool:
+def is_dinov3(config: Any) -> bool:
     return getattr(config.backbone_config, "model_type", None) == "dinov3_vit"
 
 
-def deimv2_options(c) -> dict[str, Any]:
+def deimv2_options(c: Any) -> dict[str, Any]:
     """``DEIMv2``'s ``deimv2`` options from a ``Deimv2Config`` (module docstring for the refusals)."""
     if c.encoder_type != "hybrid":
         raise ValueError(f"config.encoder_type={c.encoder_type!r}: vispe's DEIMv2 builds the 'hybrid' encoder "
@@ -61,7 +61,7 @@ def deimv2_options(c) -> dict[str, Any]:
             "trailing_conv": bool(c.encoder_has_trailing_conv)}
 
 
-def dinov3_backbone(c) -> DINOv3Backbone:
+def dinov3_backbone(c: Any) -> DINOv3Backbone:
     """vispe's DINOv3 + STA for a ``Deimv2Config`` with a ``dinov3_vit`` backbone (random weights)."""
     from transformers import DINOv3ViTModel
 
@@ -80,7 +80,7 @@ def dinov3_backbone(c) -> DINOv3Backbone:
                           eps=c.batch_norm_eps, norm_all=bool(b.apply_layernorm))
 
 
-def build(config, kwargs: dict[str, Any]) -> DEIMv2:
+def build(config: Any, kwargs: dict[str, Any]) -> DEIMv2:
     """An untrained ``DEIMv2`` for ``config`` (``kwargs``: ``RTDETR``'s arguments from ``load.dfine_kwargs``)."""
     opts = deimv2_options(config)
     backbone = dinov3_backbone(config) if is_dinov3(config) else \
@@ -88,7 +88,7 @@ def build(config, kwargs: dict[str, Any]) -> DEIMv2:
     return DEIMv2(backbone, deimv2=opts, **kwargs)
 
 
-def rename(state: dict, config, own: dict) -> dict:
+def rename(state: dict[str, Any], config: Any, own: dict[str, torch.Tensor]) -> dict[str, Any]:
     """transformers' DEIMv2 keys -> vispe's; ``own`` (vispe's state_dict) gives the zero biases a DINOv3 without
     ``proj_bias`` / ``mlp_bias`` lacks (vispe's converted ViT has them, zero, as ``convert_hf_dinov3``)."""
     from vispe.models.dinov3 import hf_state_dict
