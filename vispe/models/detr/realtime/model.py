@@ -40,6 +40,7 @@ from vispe.coords import valid_extent
 from vispe.kernels.deformable import Levels
 from vispe.models.detr.realtime.aifi import SINCOS
 from vispe.models.detr.realtime.decoder import RealtimeDecoder
+from vispe.models.detr.realtime.deimv2_lite import LiteEncoder
 from vispe.models.detr.realtime.denoising import denoising_groups
 from vispe.models.detr.realtime.dfine_decoder import DFineDecoder
 from vispe.models.detr.realtime.hybrid_encoder import HybridEncoder
@@ -64,6 +65,7 @@ class RTDETR(nn.Module):
         if num_levels < len(channels):
             raise ValueError(f"num_levels={num_levels}: expected at least the backbone's {len(channels)} levels")
         self.backbone = backbone
+        self.encoder: HybridEncoder | LiteEncoder  # DEIMv2's lite encoder (deimv2_lite) replaces it there
         self.encoder = HybridEncoder(channels, encoder_dim, aifi_levels=aifi_levels, num_heads=aifi_heads,
                                      ffn_dim=aifi_ffn, aifi_layers=aifi_layers, dropout=dropout,
                                      aifi_activation=aifi_activation, ccfm_activation=ccfm_activation,
