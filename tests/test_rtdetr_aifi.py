@@ -43,6 +43,31 @@ def test_each_layout_equals_its_reference(h, w):
     torch.testing.assert_close(original_table(h, w, 32), ours_o, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("h, w", [(15, 20), (3, 4), (7, 5)])
+def test_float64_table_is_transformers_table_to_the_bit_and_the_default_is_float32_math(h, w):
+    """``float64=True``: transformers' arithmetic (float64, then cast), equal to the last bit; the default
+    (float32 math, the original code's and the training configs') differs from it by about one ulp."""
+    ours = aifi_sincos(32, float64=True)((h, w))[0]  # (h*w, 32)
+    torch.testing.assert_close(ours, transformers_sincos(h, w, 32), rtol=0, atol=0)
+    torch.testing.assert_close(ours, build_2d_sinusoidal_position_embedding(h, w, 32).float(), rtol=0, atol=0)
+    default = aifi_sincos(32)((h, w))[0]
+    assert 0 < (default - ours).abs().max().item() < 3e-7
+    mask = torch.zeros(2, h + 2, w + 3, dtype=torch.bool)
+    mask[1, h:] = True
+    mask[1, :, w:] = True
+    padded = aifi_sincos(32, float64=True, mask_aware=True)((h + 2, w + 3), mask)[1].view(h + 2, w + 3, 32)[:h, :w]
+    torch.testing.assert_close(padded.reshape(h * w, 32), ours, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="float64=True with layout='original'"):
+        aifi_sincos(32, layout="original", float64=True)
+    with pytest.raises(ValueError, match="float64=1: expected True or False"):
+        aifi_sincos(32, float64=1)
+
+
+def test_loaded_models_use_the_float64_table():
+    pe = load_detr(reference()).encoder.aifi[0].pe
+    assert pe is not None and "float64=True" in repr(pe)
+
+
 def test_layouts_differ_on_a_non_square_grid_and_agree_on_a_square_one():
     t, o = aifi_sincos(256, layout="transformers"), aifi_sincos(256, layout="original")
     gap = (t((15, 20)) - o((15, 20))).abs().max().item()

@@ -11,6 +11,10 @@ projection has none): their rows of the fused bias are zeros, which changes no a
 ``unknown=True`` refuses, by name, every key that no rule matches (a loader whose rules cover its whole
 layout, an identity rule for a name that stays). ``resnet_of(state)`` reads a torchvision ResNet's depth
 off its weights.
+
+``layer_rules(src, dst, ...)``: the one table of the original repositories' transformer layers (torch's
+``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer`` names, which lyuwenyu/RT-DETR, D-FINE, DEIMv2,
+LW-DETR and RF-DETR keep) as vispe's names, for the layers whose keys start with ``src``.
 """
 from __future__ import annotations
 
@@ -60,6 +64,23 @@ def rename_keys(state: dict, rules, *, fuse: re.Pattern | None = QKV, keep: Call
             raise ValueError(f"{name} has {sorted(parts)} projections for {prefix}.{kind}: expected q, k and v")
         renamed[f"{prefix}.qkv.{kind}"] = torch.cat([parts[c] for c in "qkv"], 0)
     return renamed, rest
+
+
+def layer_rules(src: str, dst: str, *, mlp: tuple[str, str] = ("mlp.fc1", "mlp.fc2"),
+                norms: tuple[str, str, str] = ("norm1", "norm2", "norm3"), cross: str = "cross_attn",
+                rest: bool = True) -> list[tuple[str, str]]:
+    r"""Rules renaming the original layers under the pattern ``src`` (its groups, e.g. the layer index, kept:
+    ``r"^decoder\.decoder\.layers\.(\d+)\."``) to vispe's under ``dst`` (``r"decoder.layers.\1."``):
+    ``self_attn.in_proj_{weight,bias}`` -> ``self_attn.qkv`` (the same rows q, k, v), ``self_attn.out_proj`` ->
+    ``self_attn.proj``, ``linear1`` / ``linear2`` -> ``mlp``, ``norm1..3`` -> ``norms``, ``cross_attn`` -> ``cross``;
+    with ``rest`` the layers' other keys move to ``dst`` under their own names (last rule).  # [(pattern, repl)]"""
+    kind = rf"\g<{re.compile(src).groups + 1}>"  # the group after src's own
+    rules = [(src + r"self_attn\.in_proj_(weight|bias)$", dst + "self_attn.qkv." + kind),
+             (src + r"self_attn\.out_proj\.", dst + "self_attn.proj."),
+             (src + r"linear1\.", dst + mlp[0] + "."), (src + r"linear2\.", dst + mlp[1] + "."),
+             *((src + rf"norm{i}\.", dst + name + ".") for i, name in enumerate(norms, 1)),
+             (src + r"cross_attn\.", dst + cross + ".")]
+    return rules + [(src, dst)] if rest else rules
 
 
 def resnet_of(state: dict, prefix: str = "backbone.body.") -> str | None:

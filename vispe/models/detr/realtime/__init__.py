@@ -10,8 +10,8 @@
 * ``deform_v2``: RT-DETRv2's operator (per-level points, discrete sampling; D-FINE's without projections);
 * ``dfine_neck``, ``dfine_decoder``: D-FINE's fusion blocks and its FDR / LQE decoder;
 * ``backbone``: ResNet-vd as timm's ``resnet*d``; ``hgnetv2``: transformers' backbone wrapped (D-FINE);
-* ``deimv2``, ``deimv2_neck``, ``deimv2_decoder``, ``deimv2_backbone``: DEIMv2 (its fusion blocks, decoder layers,
-  DINOv3 + spatial tuning adapter backbone);
+* ``deimv2``, ``deimv2_neck``, ``deimv2_decoder``, ``deimv2_backbone``, ``deimv2_lite``: DEIMv2 (its fusion blocks,
+  decoder layers, DINOv3 + spatial tuning adapter backbone, the Atto / Femto / Pico models' lite encoder);
 * ``model``: ``RTDETR``; ``load``: transformers' RT-DETR, RT-DETRv2, D-FINE, DEIMv2 (``load_deimv2``), the original
   layouts (``load_original``: lyuwenyu; ``load_original_dfine``: D-FINE / DEIM, DEIMv2); ``criterion``: VFL;
   ``train``: train.py.

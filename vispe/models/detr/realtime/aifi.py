@@ -24,7 +24,7 @@ RT-DETR). transformers' RT-DETR passes no mask to AIFI.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -57,15 +57,15 @@ class AIFI(nn.Module):
 
     def set_encoding(self, name: str, **kwargs: Any) -> None:
         """Use the encoding ``name`` (a registered vispe encoding, or ``"rtdetr_sincos"`` with
-        ``layout`` / ``temperature`` / ``mask_aware``) with settings ``kwargs`` from now on."""
-        for layer in self.layers:
+        ``layout`` / ``temperature`` / ``mask_aware`` / ``float64``) with settings ``kwargs`` from now on."""
+        for layer in self.encoder_layers:
             layer.self_attn.set_pe(None)
         self.pe = None
         if name == SINCOS:
-            unknown = set(kwargs) - {"layout", "temperature", "mask_aware"}
+            unknown = set(kwargs) - {"layout", "temperature", "mask_aware", "float64"}
             if unknown:
                 raise ValueError(f"pe_kwargs {sorted(unknown)} for {SINCOS!r}: it takes layout "
-                                 f"({', '.join(LAYOUTS)}), temperature and mask_aware")
+                                 f"({', '.join(LAYOUTS)}), temperature, mask_aware and float64")
             self.pe = aifi_sincos(self.dim, **kwargs)
         else:
             family = get(name).family
@@ -76,7 +76,7 @@ class AIFI(nn.Module):
                 assert isinstance(pe, AdditiveEncoding)
                 self.pe = pe
             elif family in ("rotary", "bias"):
-                for layer in self.layers:
+                for layer in self.encoder_layers:
                     layer.self_attn.set_pe(build_in(name, context, **kwargs))
             elif family == "none":
                 if kwargs:
@@ -86,11 +86,16 @@ class AIFI(nn.Module):
         self.pe_name = name
 
     @property
+    def encoder_layers(self) -> list[EncoderLayer]:
+        """``layers`` as their class (typed iteration)."""
+        return [cast(EncoderLayer, layer) for layer in self.layers]
+
+    @property
     def encodings(self) -> list[PositionEncoding]:
         """The encodings in use: the additive one, or each layer's rotary / bias one."""
         if self.pe is not None:
             return [self.pe]
-        return [layer.self_attn.pe for layer in self.layers if layer.self_attn.pe is not None]
+        return [layer.self_attn.pe for layer in self.encoder_layers if layer.self_attn.pe is not None]
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:  # (B, C, h, w)
         """Feature map ``x`` (B, C, h, w), optional padding ``mask`` (B, h, w), True = padding."""

@@ -12,6 +12,7 @@ convolution timm does not build, so ``load_detr`` refuses them by name.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 from timm.models.resnet import Bottleneck, ResNet
@@ -38,7 +39,8 @@ class ResNetVd(nn.Module):
             raise ValueError(f"out_indices={tuple(out_indices)}: expected stage numbers in 1..4")
         _checks.positive_int("stem_width", stem_width)
         norm = _frozen if frozen_bn else nn.BatchNorm2d
-        self.body = ResNet(Bottleneck, tuple(depths), num_classes=0, global_pool="", stem_width=stem_width,
+        self.body = ResNet(Bottleneck, tuple(depths),  # type: ignore[arg-type]  # timm annotates the class as an instance
+                           num_classes=0, global_pool="", stem_width=stem_width,
                            stem_type="deep", avg_down=True, channels=tuple(widths), norm_layer=norm)
         self.out_indices = tuple(out_indices)
         self.channels = [4 * widths[i - 1] for i in self.out_indices]
@@ -49,7 +51,8 @@ class ResNetVd(nn.Module):
         b = self.body
         x = b.maxpool(b.act1(b.bn1(b.conv1(images))))
         outs = []
-        for i, stage in enumerate((b.layer1, b.layer2, b.layer3, b.layer4), start=1):
+        stages = [cast(nn.Module, s) for s in (b.layer1, b.layer2, b.layer3, b.layer4)]
+        for i, stage in enumerate(stages, start=1):
             x = stage(x)
             if i in self.out_indices:
                 outs.append(x)

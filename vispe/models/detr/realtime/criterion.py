@@ -25,6 +25,8 @@ and its distributions not, and gives the last layer no FGL; the original D-FINE 
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -35,7 +37,7 @@ from vispe.models.detr.heads.matcher import HungarianMatcher
 from vispe.models.detr.realtime.dfine_loss import ddf, fgl
 
 
-def vfl(logits: torch.Tensor, target_class: torch.Tensor, iou: torch.Tensor, num_boxes, *, alpha: float = 0.75,
+def vfl(logits: torch.Tensor, target_class: torch.Tensor, iou: torch.Tensor, num_boxes: float | torch.Tensor, *, alpha: float = 0.75,
         gamma: float = 2.0) -> torch.Tensor:
     """``logits`` (B, Q, K), ``target_class`` (B, Q) in [0, K] (K = none), ``iou`` (B, Q) (module docstring).  # ()"""
     K = logits.shape[-1]
@@ -57,12 +59,13 @@ class RealtimeCriterion(nn.Module):
                         "loss_fgl": float(weight_fgl), "loss_ddf": float(weight_ddf)}
         self.alpha, self.gamma = float(alpha), float(gamma)
 
-    def forward(self, outputs: dict, targets: list[dict]) -> dict:
+    def forward(self, outputs: dict[str, Any],
+                targets: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         check_targets(targets, self.num_classes, outputs["pred_logits"].shape[0])
         device = outputs["pred_logits"].device
         targets = [{"boxes": t["boxes"].to(device), "labels": t["labels"].to(device, torch.int64)} for t in targets]
         num_boxes = _num_boxes(targets, device)
-        parts: list[tuple[str, dict, list, torch.Tensor, dict]] = []  # (suffix, output, matching, norm, teacher)
+        parts: list[tuple[str, dict[str, Any], list[Any], torch.Tensor, dict[str, Any]]] = []  # (suffix, output, matching, norm, teacher)
         for i, out in enumerate([outputs, *outputs.get("aux_outputs", [])]):
             parts.append(("" if i == 0 else f"_{i - 1}", out, self.matcher(out, targets), num_boxes, outputs))
         if "enc_outputs" in outputs:
@@ -83,7 +86,8 @@ class RealtimeCriterion(nn.Module):
         losses["loss"] = total
         return losses
 
-    def _terms(self, out: dict, targets: list[dict], indices, norm: torch.Tensor) -> dict:
+    def _terms(self, out: dict[str, Any], targets: list[dict[str, torch.Tensor]], indices: list[Any],
+               norm: torch.Tensor) -> dict[str, torch.Tensor]:
         logits, boxes = out["pred_logits"].float(), out["pred_boxes"].float()  # (B, Q, K), (B, Q, 4)
         b = torch.cat([torch.full_like(src, i) for i, (src, _) in enumerate(indices)]).to(logits.device)
         q = torch.cat([src for src, _ in indices]).to(logits.device)
@@ -100,7 +104,9 @@ class RealtimeCriterion(nn.Module):
                 "loss_bbox": F.l1_loss(src, tgt, reduction="sum") / norm,
                 "loss_giou": generalized_box_iou_loss(src_xyxy, tgt_xyxy, reduction="sum") / norm}
 
-    def _fdr_terms(self, out: dict, teacher: dict, outputs: dict, targets: list[dict], indices, norm) -> dict:
+    def _fdr_terms(self, out: dict[str, Any], teacher: dict[str, Any], outputs: dict[str, Any],
+                   targets: list[dict[str, torch.Tensor]], indices: list[Any],
+                   norm: torch.Tensor) -> dict[str, torch.Tensor]:
         """D-FINE's FGL and DDF of one layer (``dfine_loss``; module docstring)."""
         corners, boxes = out["pred_corners"].float(), out["pred_boxes"].float()  # (B, Q, 4 (N+1)), (B, Q, 4)
         b = torch.cat([torch.full_like(src, i) for i, (src, _) in enumerate(indices)]).to(corners.device)

@@ -50,6 +50,7 @@ class MSDeformAttnV2(nn.Module):
         # D-FINE's operator has no value / output projections (projections=False)
         self.value_proj: nn.Module = nn.Linear(d_model, d_model) if projections else nn.Identity()
         self.output_proj: nn.Module = nn.Linear(d_model, d_model) if projections else nn.Identity()
+        self.point_scale: torch.Tensor
         self.register_buffer("point_scale", torch.tensor([1.0 / p for p in points for _ in range(p)]), persistent=False)
         self.reset_parameters()
 

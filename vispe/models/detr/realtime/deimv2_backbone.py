@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vispe.models.detr.realtime.ccfm import ConvNorm
+from vispe.models.eva import VispeEva
 
 
 class SpatialTuningAdapter(nn.Module):
@@ -43,7 +44,7 @@ class SpatialTuningAdapter(nn.Module):
 
 
 class DINOv3Backbone(nn.Module):
-    def __init__(self, vit: nn.Module, blocks: Sequence[int], *, inplanes: int = 16, eps: float = 1e-5,
+    def __init__(self, vit: VispeEva, blocks: Sequence[int], *, inplanes: int = 16, eps: float = 1e-5,
                  norm_all: bool = True) -> None:
         super().__init__()
         self.norm_all = bool(norm_all)

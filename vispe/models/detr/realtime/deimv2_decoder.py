@@ -13,6 +13,7 @@ The loop (initial box from the pre-box head, distributions refined layer by laye
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -40,7 +41,8 @@ class SwiGLU(nn.Module):
 
 
 class DEIMv2DecoderLayer(nn.Module):
-    def __init__(self, d: int, heads: int, ffn: int, num_levels: int, num_points, *, offset_scale: float = 0.5,
+    def __init__(self, d: int, heads: int, ffn: int, num_levels: int, num_points: int | Sequence[int], *,
+                 offset_scale: float = 0.5,
                  method: str = "default", use_gateway: bool = True) -> None:
         super().__init__()
         self.self_attn = Attention(d, heads, qkv_bias=True)
@@ -50,14 +52,16 @@ class DEIMv2DecoderLayer(nn.Module):
         self.gateway: nn.Module | None = None
         self.encoder_attn_layer_norm: nn.Module | None = None
         if use_gateway:
-            self.gateway = Gate(d)
-            self.gateway.norm = nn.RMSNorm(d, eps=RMS_EPS)
+            gate = Gate(d)
+            gate.norm = nn.RMSNorm(d, eps=RMS_EPS)  # type: ignore[assignment]  # DEIMv2: RMSNorm in the gate
+            self.gateway = gate
         else:
             self.encoder_attn_layer_norm = nn.RMSNorm(d, eps=RMS_EPS)
         self.mlp = SwiGLU(d, ffn // 2)
         self.final_layer_norm = nn.RMSNorm(d, eps=RMS_EPS)
 
-    def forward(self, t, pos, reference, memory, levels: Levels, attn_mask=None) -> torch.Tensor:  # (B, T, d)
+    def forward(self, t: torch.Tensor, pos: torch.Tensor, reference: torch.Tensor, memory: torch.Tensor, levels: Levels,
+                attn_mask: torch.Tensor | None = None) -> torch.Tensor:  # (B, T, d)
         t = self.self_attn_layer_norm(t + self.self_attn(t, attn_mask=attn_mask, ctx=PosContext(pos=pos)))
         a = self.encoder_attn(t + pos, reference, memory, levels)  # (B, T, d)
         if self.gateway is not None:

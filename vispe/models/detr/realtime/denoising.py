@@ -38,7 +38,7 @@ class Groups:
     pad_size: int  # P = 2 G S
 
 
-def denoising_groups(targets: list[dict], class_embed: nn.Embedding, *, num_classes: int, num_queries: int,
+def denoising_groups(targets: list[dict[str, torch.Tensor]], class_embed: nn.Embedding, *, num_classes: int, num_queries: int,
                      num_denoising: int = 100, label_noise_ratio: float = 0.5,
                      box_noise_scale: float = 1.0) -> Groups | None:
     """The groups of ``targets`` (module docstring), or None without boxes or with ``num_denoising`` 0."""

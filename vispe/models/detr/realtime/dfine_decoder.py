@@ -21,6 +21,7 @@ D-FINE's losses (``dfine_loss``) each of those layers' edge distributions (the p
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -80,7 +81,8 @@ class LQE(nn.Module):
 
 
 class DFineDecoderLayer(nn.Module):
-    def __init__(self, d: int, heads: int, ffn: int, num_levels: int, num_points, *, offset_scale: float = 0.5,
+    def __init__(self, d: int, heads: int, ffn: int, num_levels: int, num_points: int | Sequence[int], *,
+                 offset_scale: float = 0.5,
                  method: str = "default") -> None:
         super().__init__()
         self.self_attn = Attention(d, heads, qkv_bias=True)
@@ -91,7 +93,8 @@ class DFineDecoderLayer(nn.Module):
         self.mlp = MLP(d, ffn, d, 2)
         self.final_layer_norm = nn.LayerNorm(d)
 
-    def forward(self, t, pos, reference, memory, levels: Levels, attn_mask=None) -> torch.Tensor:  # (B, T, d)
+    def forward(self, t: torch.Tensor, pos: torch.Tensor, reference: torch.Tensor, memory: torch.Tensor, levels: Levels,
+                attn_mask: torch.Tensor | None = None) -> torch.Tensor:  # (B, T, d)
         t = self.self_attn_layer_norm(t + self.self_attn(t, attn_mask=attn_mask, ctx=PosContext(pos=pos)))
         t = self.gateway(t, self.encoder_attn(t + pos, reference, memory, levels))
         return self.final_layer_norm((t + self.mlp(t)).clamp(-65504, 65504))

@@ -56,7 +56,7 @@ def edge_bins(ref: torch.Tensor, target: torch.Tensor, up: torch.Tensor, reg_sca
 
 
 def fgl(corners: torch.Tensor, ref: torch.Tensor, boxes: torch.Tensor, target: torch.Tensor, up: torch.Tensor,
-        reg_scale: torch.Tensor, norm) -> torch.Tensor:
+        reg_scale: torch.Tensor, norm: float | torch.Tensor) -> torch.Tensor:
     """FGL of the matched queries: ``corners`` (M, 4 (N + 1)), ``ref``, ``boxes``, ``target`` (M, 4).  # ()"""
     num_bins = corners.shape[-1] // 4 - 1
     logits = corners.reshape(-1, num_bins + 1)  # (M * 4, N + 1)
@@ -68,8 +68,8 @@ def fgl(corners: torch.Tensor, ref: torch.Tensor, boxes: torch.Tensor, target: t
     return (ce * iou.repeat_interleave(4)).sum() / norm
 
 
-def ddf(corners: torch.Tensor, teacher_corners: torch.Tensor, teacher_logits: torch.Tensor, matched: tuple,
-        iou: torch.Tensor, T: float = TEMPERATURE) -> torch.Tensor:
+def ddf(corners: torch.Tensor, teacher_corners: torch.Tensor, teacher_logits: torch.Tensor,
+        matched: tuple[torch.Tensor, torch.Tensor], iou: torch.Tensor, T: float = TEMPERATURE) -> torch.Tensor:
     """DDF of every query: ``corners``, ``teacher_corners`` (B, Q, 4 (N + 1)), ``teacher_logits`` (B, Q, K),
     ``matched`` the (batch, query) index pair of the matched queries, ``iou`` (M,) theirs.  # ()"""
     if torch.equal(corners, teacher_corners):

@@ -21,7 +21,7 @@ class RepNCSPELAN4(nn.Module):
     def __init__(self, dim: int, expansion: float = 1.0, num_blocks: int = 3, act: str = "silu", eps: float = 1e-5) -> None:
         super().__init__()
         c4 = round(expansion * dim // 2)
-        self.half = dim
+        self.split = dim  # conv1's output is split in two halves of ``dim``
         self.conv1 = ConvNorm(2 * dim, 2 * dim, 1, 1, act=act, eps=eps)
         self.csp_rep1 = CSPRepLayer(dim, c4, num_blocks, 1.0, act, eps)
         self.conv2 = ConvNorm(c4, c4, 3, 1, act=act, eps=eps)
@@ -30,7 +30,7 @@ class RepNCSPELAN4(nn.Module):
         self.conv4 = ConvNorm(2 * dim + 2 * c4, dim, 1, 1, act=act, eps=eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 2d, h, w) -> (B, d, h, w)
-        parts = list(self.conv1(x).split((self.half, self.half), 1))
+        parts = list(self.conv1(x).split((self.split, self.split), 1))
         b1 = self.conv2(self.csp_rep1(parts[-1]))
         b2 = self.conv3(self.csp_rep2(b1))
         return self.conv4(torch.cat([*parts, b1, b2], 1))

@@ -10,6 +10,8 @@ vispe wraps the module that equals transformers' by construction. Output: the ma
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 from torchvision.ops.misc import FrozenBatchNorm2d
@@ -29,7 +31,7 @@ def freeze_batch_norm(module: nn.Module) -> None:
 
 
 class TransformersBackbone(nn.Module):
-    def __init__(self, config, *, frozen_bn: bool = True) -> None:
+    def __init__(self, config: Any, *, frozen_bn: bool = True) -> None:
         super().__init__()
         from transformers.backbone_utils import load_backbone
 

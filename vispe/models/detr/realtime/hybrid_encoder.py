@@ -11,7 +11,7 @@ transformers keeps the projections in ``RTDetrModel.encoder_input_proj`` and the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -46,7 +46,7 @@ class HybridEncoder(nn.Module):
     def set_encoding(self, name: str, **kwargs: Any) -> None:
         """Swap every AIFI's encoding (``AIFI.set_encoding``)."""
         for a in self.aifi:
-            a.set_encoding(name, **kwargs)
+            cast(AIFI, a).set_encoding(name, **kwargs)
 
     def forward(self, maps: Sequence[torch.Tensor], mask: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Backbone maps, finest first, and the image's padding ``mask`` (B, H, W) or None -> fused maps."""

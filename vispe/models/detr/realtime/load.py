@@ -69,7 +69,7 @@ _REST = [
 ]
 
 
-def is_realtime(source, config=None) -> bool:
+def is_realtime(source: object, config: Any = None) -> bool:
     """Whether ``source`` is a transformers RT-DETR model or a checkpoint in lyuwenyu's layout, or ``config`` an
     ``RTDetrConfig`` (or RT-DETRv2's, D-FINE's)."""
     if config is not None:
@@ -80,7 +80,7 @@ def is_realtime(source, config=None) -> bool:
         getattr(getattr(source, "config", None), "model_type", None) in MODEL_TYPES
 
 
-def rtdetr_kwargs(config) -> dict[str, Any]:
+def rtdetr_kwargs(config: Any) -> dict[str, Any]:
     """``RTDETR``'s arguments (and the backbone's, under "backbone") from an ``RTDetrConfig`` (module docstring)."""
     c = config
     refusals = {
@@ -123,11 +123,11 @@ def rtdetr_kwargs(config) -> dict[str, Any]:
         decoder_activation=c.decoder_activation_function, dropout=c.dropout, num_denoising=c.num_denoising,
         label_noise_ratio=c.label_noise_ratio, box_noise_scale=c.box_noise_scale,
         learn_initial_query=c.learn_initial_query, layer_norm_eps=c.layer_norm_eps, batch_norm_eps=c.batch_norm_eps,
-        pe_kwargs={"layout": "transformers", "temperature": float(c.positional_encoding_temperature)},
+        pe_kwargs={"layout": "transformers", "temperature": float(c.positional_encoding_temperature), "float64": True},
     )
 
 
-def dfine_kwargs(c) -> dict[str, Any]:
+def dfine_kwargs(c: Any) -> dict[str, Any]:
     """``RTDETR``'s arguments for a ``DFineConfig`` (its backbone: transformers' own, ``hgnetv2``)."""
     eval_idx = c.eval_idx if c.eval_idx >= 0 else c.decoder_layers + c.eval_idx
     if eval_idx != c.decoder_layers - 1 or c.layer_scale != 1:
@@ -148,7 +148,7 @@ def dfine_kwargs(c) -> dict[str, Any]:
         decoder_ffn=c.decoder_ffn_dim, num_points=c.decoder_n_points, dropout=c.dropout, num_denoising=c.num_denoising,
         label_noise_ratio=c.label_noise_ratio, box_noise_scale=c.box_noise_scale, learn_initial_query=c.learn_initial_query,
         layer_norm_eps=c.layer_norm_eps, batch_norm_eps=c.batch_norm_eps,
-        pe_kwargs={"layout": "transformers", "temperature": float(c.positional_encoding_temperature)},
+        pe_kwargs={"layout": "transformers", "temperature": float(c.positional_encoding_temperature), "float64": True},
     )
 
 
@@ -159,7 +159,7 @@ _DFINE = [
 ]
 
 
-def rename(state: dict, model_type: str = "rt_detr") -> dict:
+def rename(state: dict[str, Any], model_type: str = "rt_detr") -> dict[str, Any]:
     """transformers' RT-DETR / RT-DETRv2 keys -> vispe's (q, k, v projections fused into ``qkv``). RT-DETRv2's
     top-level ``class_embed`` / ``bbox_embed`` (tied copies of the decoder's) are checked equal and dropped, its
     ``n_points_scale`` buffers checked against ``1 / P``."""
@@ -171,7 +171,7 @@ def rename(state: dict, model_type: str = "rt_detr") -> dict:
     return renamed
 
 
-def drop_tied(state: dict) -> dict:
+def drop_tied(state: dict[str, Any]) -> dict[str, Any]:
     """``state`` without the top-level head copies (checked equal to the decoder's) and the ``num_points_scale``
     buffers (checked against ``1 / P``)."""
     state = dict(state)
@@ -188,7 +188,7 @@ def drop_tied(state: dict) -> dict:
     return state
 
 
-def load_rtdetr(source, config=None, **overrides) -> RTDETR:
+def load_rtdetr(source: torch.nn.Module | dict[str, Any], config: Any = None, **overrides: Any) -> RTDETR:
     """A vispe ``RTDETR`` with ``source``'s weights (module docstring); ``overrides`` go to ``RTDETR``."""
     if isinstance(source, torch.nn.Module):
         if config is not None and config is not source.config:

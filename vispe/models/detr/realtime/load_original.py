@@ -17,7 +17,9 @@ required. The names (those of transformers' conversion script, left column):
 """
 from __future__ import annotations
 
-from vispe.models.detr.load.keys import rename_keys
+from typing import Any
+
+from vispe.models.detr.load.keys import layer_rules, rename_keys
 
 RULES = [
     (r"^backbone\.conv1\.conv1_1\.conv\.", "backbone.body.conv1.0."),
@@ -33,29 +35,25 @@ RULES = [
     (r"(backbone\.body\.layer\d\.\d+\.)short\.conv\.norm\.", r"\1downsample.2."),
     (r"(backbone\.body\.layer\d\.\d+\.)short\.conv\.", r"\1downsample.1."),
     (r"(backbone\.body\.layer\d\.\d+\.)short\.norm\.", r"\1downsample.2."),
-    (r"^encoder\.encoder\.(\d+)\.layers\.", r"encoder.aifi.\1.layers."),
+    *layer_rules(r"^encoder\.encoder\.(\d+)\.layers\.(\d+)\.", r"encoder.aifi.\1.layers.\2."),
     (r"^encoder\.(lateral_convs|fpn_blocks|downsample_convs|pan_blocks)\.", r"encoder.ccfm.\1."),
     (r"^decoder\.input_proj\.(\d+)\.conv\.", r"decoder_input_proj.\1.0."),
     (r"^decoder\.input_proj\.(\d+)\.norm\.", r"decoder_input_proj.\1.1."),
-    (r"^decoder\.decoder\.layers\.", "decoder.layers."),
+    *layer_rules(r"^decoder\.decoder\.layers\.(\d+)\.", r"decoder.layers.\1."),
     (r"^decoder\.dec_score_head\.", "decoder.class_embed."),
     (r"^decoder\.dec_bbox_head\.", "decoder.bbox_embed."),
     (r"^decoder\.(enc_output|enc_score_head|enc_bbox_head)\.", r"selection.\1."),
     (r"^decoder\.denoising_class_embed\.", "denoising_class_embed."),
-    (r"\.self_attn\.in_proj_(weight|bias)$", r".self_attn.qkv.\1"),
-    (r"\.self_attn\.out_proj\.", ".self_attn.proj."),
-    (r"\.linear1\.", ".mlp.fc1."),
-    (r"\.linear2\.", ".mlp.fc2."),
 ]
 
 
-def is_original(state: dict) -> bool:
+def is_original(state: dict[str, Any]) -> bool:
     """Whether ``state`` (a checkpoint dict or a state_dict) is in lyuwenyu's layout."""
     state = unwrap(state)
     return any(k.startswith(("backbone.res_layers.", "decoder.dec_score_head.")) for k in state)
 
 
-def unwrap(source: dict) -> dict:
+def unwrap(source: dict[str, Any]) -> dict[str, Any]:
     """The state_dict of ``{"ema": {"module": sd}}``, ``{"model": sd}`` or ``sd``."""
     if isinstance(source.get("ema"), dict) and isinstance(source["ema"].get("module"), dict):
         return source["ema"]["module"]
@@ -64,7 +62,7 @@ def unwrap(source: dict) -> dict:
     return source
 
 
-def rename(source: dict) -> dict:
+def rename(source: dict[str, Any]) -> dict[str, Any]:
     """lyuwenyu's keys -> vispe's (module docstring)."""
     renamed, _ = rename_keys(unwrap(source), RULES, fuse=None)
     return renamed

@@ -28,9 +28,11 @@ Dropped: ``decoder.anchors`` / ``valid_mask`` (vispe computes them at the input'
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from vispe.models.detr.load.keys import rename_keys
+from vispe.models.detr.load.keys import layer_rules, rename_keys
 from vispe.models.detr.realtime.load_original import unwrap
 
 _FPN = r"^(encoder\.ccfm\.(?:fpn|pan)_blocks\.\d+)"
@@ -57,27 +59,20 @@ RULES = [
     # hybrid encoder
     (r"^encoder\.input_proj\.(\d+)\.conv\.", r"encoder.input_proj.\1.0."),
     (r"^encoder\.input_proj\.(\d+)\.norm\.", r"encoder.input_proj.\1.1."),
-    (r"^encoder\.encoder\.(\d+)\.layers\.", r"encoder.aifi.\1.layers."),
-    (r"^(encoder\.aifi\..*)\.linear([12])\.", r"\1.mlp.fc\2."),
+    *layer_rules(r"^encoder\.encoder\.(\d+)\.layers\.(\d+)\.", r"encoder.aifi.\1.layers.\2."),
     (r"^encoder\.(lateral_convs|fpn_blocks|downsample_convs|pan_blocks)\.", r"encoder.ccfm.\1."),
     (r"^(encoder\.ccfm\.downsample_convs\.\d+)\.0\.cv([12])\.", r"\1.conv\2."),
     (_FPN + r"\.cv1\.", r"\1.conv1."),
     (_FPN + r"\.cv2\.0\.", r"\1.csp_rep1."),
     (_FPN + r"\.cv3\.0\.", r"\1.csp_rep2."),
     # decoder
-    (r"\.self_attn\.in_proj_(weight|bias)$", r".self_attn.qkv.\1"),
-    (r"\.self_attn\.out_proj\.", ".self_attn.proj."),
     (r"^decoder\.input_proj\.(\d+)\.(?:conv|0)\.", r"decoder_input_proj.\1.0."),
     (r"^decoder\.input_proj\.(\d+)\.(?:norm|1)\.", r"decoder_input_proj.\1.1."),
-    (r"^decoder\.decoder\.(layers|lqe_layers)\.", r"decoder.\1."),
+    *layer_rules(r"^decoder\.decoder\.layers\.(\d+)\.", r"decoder.layers.\1.", mlp=("mlp.layers.0", "mlp.layers.1"),
+                 norms=("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"), cross="encoder_attn"),
+    (r"^decoder\.decoder\.lqe_layers\.", "decoder.lqe_layers."),
     (r"^decoder\.decoder\.(up|reg_scale)$", r"decoder.second_\1"),
-    (r"^(decoder\.layers\.\d+)\.cross_attn\.", r"\1.encoder_attn."),
-    (r"^(decoder\.layers\.\d+)\.norm1\.", r"\1.self_attn_layer_norm."),
-    (r"^(decoder\.layers\.\d+)\.norm2\.", r"\1.encoder_attn_layer_norm."),
-    (r"^(decoder\.layers\.\d+)\.norm3\.", r"\1.final_layer_norm."),
     (r"^(decoder\.layers\.\d+\..*norm)\.scale$", r"\1.weight"),
-    (r"^(decoder\.layers\.\d+)\.linear1\.", r"\1.mlp.layers.0."),
-    (r"^(decoder\.layers\.\d+)\.linear2\.", r"\1.mlp.layers.1."),
     (r"^(decoder\.layers\.\d+)\.swish_ffn\.w3\.", r"\1.mlp.down_proj."),
     (r"^decoder\.dec_score_head\.", "decoder.class_embed."),
     (r"^decoder\.dec_bbox_head\.", "decoder.bbox_embed."),
@@ -97,14 +92,14 @@ DROPPED = ("decoder.anchors", "decoder.valid_mask")
 DROPPED_ENDINGS = ("rope_embed.periods", ".mask_token", "qkv.bias_mask", "cross_attn.num_points_scale")
 
 
-def is_original(state: dict) -> bool:
+def is_original(state: dict[str, Any]) -> bool:
     """Whether ``state`` is in D-FINE's or DEIMv2's original layout (HGNetV2 or DINOv3 keys, or D-FINE's heads)."""
     state = unwrap(state)
     return any(k.startswith(("backbone.stem.", "backbone.stages.", "backbone.dinov3.", "decoder.decoder.lqe_layers."))
                for k in state)
 
 
-def rename(source: dict, model_type: str, own: dict) -> dict:
+def rename(source: dict[str, Any], model_type: str, own: dict[str, torch.Tensor]) -> dict[str, Any]:
     """The original's keys -> vispe's (module docstring); ``own``: vispe's state_dict (to name unknown keys)."""
     if model_type not in BLOCKS:
         raise ValueError(f"config.model_type={model_type!r}: the D-FINE / DEIMv2 original layouts load with a "
@@ -129,7 +124,7 @@ def rename(source: dict, model_type: str, own: dict) -> dict:
     return renamed
 
 
-def _split_fused(state: dict, origin: dict, bias_masks: dict) -> None:
+def _split_fused(state: dict[str, Any], origin: dict[str, str], bias_masks: dict[str, torch.Tensor]) -> None:
     """In place: DINOv3's fused ``attn.qkv`` -> q, k, v projections (the key bias zero or masked, refused otherwise);
     DEIMv2's fused SwiGLU ``w12`` -> ``gate_proj``, ``up_proj`` (gate first)."""
     for key in [k for k in state if k.startswith("backbone.vit.") and ".attn.qkv." in k]:
@@ -151,7 +146,7 @@ def _split_fused(state: dict, origin: dict, bias_masks: dict) -> None:
         state[f"{base}.mlp.gate_proj.{kind}"], state[f"{base}.mlp.up_proj.{kind}"] = gate, up
 
 
-def _share_bbox_head(state: dict, own: dict) -> None:
+def _share_bbox_head(state: dict[str, Any], own: dict[str, torch.Tensor]) -> None:
     """A shared box head saved once (``bbox_embed.0``): copied to the layers vispe's model lists it under."""
     for key in [k for k in own if k.startswith("decoder.bbox_embed.") and k not in state]:
         first = "decoder.bbox_embed.0." + key.split(".", 3)[3]

@@ -30,6 +30,7 @@ nothing changes (transformers' numbers).
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -39,6 +40,7 @@ from vispe.coords import valid_extent
 from vispe.kernels.deformable import Levels
 from vispe.models.detr.realtime.aifi import SINCOS
 from vispe.models.detr.realtime.decoder import RealtimeDecoder
+from vispe.models.detr.realtime.deimv2_lite import LiteEncoder
 from vispe.models.detr.realtime.denoising import denoising_groups
 from vispe.models.detr.realtime.dfine_decoder import DFineDecoder
 from vispe.models.detr.realtime.hybrid_encoder import HybridEncoder
@@ -63,6 +65,7 @@ class RTDETR(nn.Module):
         if num_levels < len(channels):
             raise ValueError(f"num_levels={num_levels}: expected at least the backbone's {len(channels)} levels")
         self.backbone = backbone
+        self.encoder: HybridEncoder | LiteEncoder  # DEIMv2's lite encoder (deimv2_lite) replaces it there
         self.encoder = HybridEncoder(channels, encoder_dim, aifi_levels=aifi_levels, num_heads=aifi_heads,
                                      ffn_dim=aifi_ffn, aifi_layers=aifi_layers, dropout=dropout,
                                      aifi_activation=aifi_activation, ccfm_activation=ccfm_activation,
@@ -99,9 +102,9 @@ class RTDETR(nn.Module):
         """The backbone's coarsest stride (images are padded to a multiple of it)."""
         return int(getattr(self.backbone, "stride", None) or max(getattr(self.backbone, "strides", [32])))
 
-    def param_groups(self, lr: float, lr_backbone: float, weight_decay: float) -> list[dict]:
+    def param_groups(self, lr: float, lr_backbone: float, weight_decay: float) -> list[dict[str, Any]]:
         """The backbone at ``lr_backbone``, the rest at ``lr`` (train.py's detection task)."""
-        groups: dict[str, list] = {"backbone": [], "rest": []}
+        groups: dict[str, list[nn.Parameter]] = {"backbone": [], "rest": []}
         for n, p in self.named_parameters():
             if p.requires_grad:
                 groups["backbone" if n.startswith("backbone.") else "rest"].append(p)
@@ -112,7 +115,8 @@ class RTDETR(nn.Module):
         """AIFI's encoding by name (``vispe.models.detr.realtime.aifi``), e.g. "rope_mixed" or "relbias"."""
         self.encoder.set_encoding(name, **kwargs)
 
-    def forward(self, images: torch.Tensor, mask: torch.Tensor | None = None, targets: list[dict] | None = None) -> dict:
+    def forward(self, images: torch.Tensor, mask: torch.Tensor | None = None,
+                targets: list[dict[str, torch.Tensor]] | None = None) -> dict[str, Any]:
         feats = self.backbone(images, mask) if getattr(self.backbone, "takes_mask", False) else self.backbone(images)
         maps = self.encoder(feats, mask)  # [(B, enc_dim, h_l, w_l)] finest first
         srcs = [proj(m) for proj, m in zip(self.decoder_input_proj, maps)]
@@ -153,7 +157,8 @@ class RTDETR(nn.Module):
         return out
 
 
-def _layer_outputs(logits: torch.Tensor, boxes: torch.Tensor, fdr: list, scale: torch.Tensor | None):
+def _layer_outputs(logits: torch.Tensor, boxes: torch.Tensor, fdr: list[torch.Tensor],
+                   scale: torch.Tensor | None) -> Callable[[int, slice], dict[str, Any]]:
     """``layer(i, queries)``: layer i's output dict; with D-FINE's ``fdr = [corners, b0]`` also its edge
     distributions ``pred_corners`` and initial boxes ``ref_points`` (in the boxes' units), but for the pre-box
     head's entry (the first of ``logits`` when it has one more layer than ``corners``)."""
@@ -165,17 +170,17 @@ def _layer_outputs(logits: torch.Tensor, boxes: torch.Tensor, fdr: list, scale: 
     def layer(i: int, q: slice) -> dict[str, Any]:
         d = {"pred_logits": logits[:, i, q], "pred_boxes": boxes[:, i, q]}
         j = i % logits.shape[1] - first
-        if corners is not None and j >= 0:
+        if corners is not None and initial is not None and j >= 0:
             d["pred_corners"], d["ref_points"] = corners[:, j, q], initial[:, q]
         return d
     return layer
 
 
-def _valid_scale(mask: torch.Tensor | None, shape) -> torch.Tensor | None:
+def _valid_scale(mask: torch.Tensor | None, shape: Sequence[int]) -> torch.Tensor | None:
     """Each image's valid fraction of the padded canvas as (cx, cy, w, h) factors, or None when nothing is
     padded.  # (B, 1, 4)"""
     if mask is None or not bool(mask.any()):
         return None
-    n = valid_extent(mask, tuple(shape), device=mask.device)  # (B, 2) valid (h, w) in pixels
+    n = valid_extent(mask, (shape[0], shape[1]), device=mask.device)  # (B, 2) valid (h, w) in pixels
     ry, rx = n[:, 0] / shape[0], n[:, 1] / shape[1]
     return torch.stack([rx, ry, rx, ry], -1)[:, None]  # (B, 1, 4)

@@ -20,12 +20,13 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.types import Device
 
 from vispe.kernels.deformable import Levels
 from vispe.models.detr.mlp import MLP
 
 
-def anchors(levels: Levels, *, grid_size: float = 0.05, eps: float = 1e-2, device=None,
+def anchors(levels: Levels, *, grid_size: float = 0.05, eps: float = 1e-2, device: Device = None,
             dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """(anchor logits (1, N, 4) as (cx, cy, w, h), largest float where invalid; valid (1, N, 1) bool)."""
     out = []

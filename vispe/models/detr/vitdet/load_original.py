@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from vispe.models.detr.load.keys import rename_keys
+from vispe.models.detr.load.keys import layer_rules, rename_keys
 
 _LW = r"^backbone\.0\.encoder\."
 _RF = r"^backbone\.0\.encoder\.encoder\."
@@ -71,10 +71,7 @@ RULES: list[tuple[str, str]] = [  # (original pattern, vispe name); RF-DETR's ba
     (_PROJ + r"stages\.(\d+)\.1\.", r"projector.scale_layers.\1.layer_norm."),
     (_PROJ + r"stages_sampling\.(\d+)\.(\d+)\.(\d+)\.bn\.", r"projector.scale_layers.\1.sampling_layers.\2.layers.\3.norm."),
     (_PROJ + r"stages_sampling\.(\d+)\.(\d+)\.(\d+)\.", r"projector.scale_layers.\1.sampling_layers.\2.layers.\3."),
-    (_DEC + r"layers\.(\d+)\.self_attn\.in_proj_(weight|bias)$", r"decoder.layers.\1.self_attn.qkv.\2"),
-    (_DEC + r"layers\.(\d+)\.self_attn\.out_proj\.", r"decoder.layers.\1.self_attn.proj."),
-    (_DEC + r"layers\.(\d+)\.(norm[123]|cross_attn)\.", r"decoder.layers.\1.\2."),
-    (_DEC + r"layers\.(\d+)\.linear([12])\.", r"decoder.layers.\1.mlp.fc\2."),
+    *layer_rules(_DEC + r"layers\.(\d+)\.", r"decoder.layers.\1.", rest=False),  # norms, cross_attn named alike
     (_DEC + r"norm\.", "decoder.norm."),
     (_DEC + r"ref_point_head\.", "decoder.ref_point_head."),
     (r"^transformer\.(enc_output|enc_output_norm|enc_out_class_embed|enc_out_bbox_embed)\.", r"queries.\1."),
