@@ -1,15 +1,17 @@
 """The packed path of the converted towers (private): frames of different sizes run without a canvas.
 
 A packed batch (Qwen's ``grid_thw`` sequence, Pixtral's images of several sizes) is regrouped by
-frame size: the frames of one (h, w) form one group, stacked as (S_g, h*w, C) in raster order with
-no padding, and the blocks run once over the whole sequence (1, T, C), as the originals run theirs:
-every per-token layer (qkv, proj, norms, MLP) over all T tokens at once, and only attention split by
-group (``PosContext.segments``: per group a view (frames, heads, h*w, hd), SDPA batched over the
-group's frames, so each frame attends within itself only, the original's block-diagonal attention). The encodings see each frame's own grid (``PosContext(shape=(h, w))``,
-no mask), so a frame's output does not depend on the other frames, and it costs what the frame
-costs, not what the largest frame costs. The groups lie one after the other in a "virtual canvas"
-(T, C) with no empty cell: a tower gives, for every packed token, its row there (``cells``), as on
-the canvas path (``_common.to_canvas``), so tokens and positions move together by construction.
+frame size: the frames of one (h, w) form one group, in raster order with no padding, the groups one
+after the other in a "virtual canvas" (T, C) with no empty cell. The blocks run once over that whole
+sequence (1, T, C), as the originals run theirs over ``cu_seqlens``: every per-token layer (qkv, proj,
+norms, MLP) over all T tokens at once, and only attention split by group (``PosContext.segments``, one
+``vispe.attention.Segment`` per group: q, k, v viewed as (frames, heads, h*w, hd), SDPA batched over
+the group's frames, so each frame attends within itself only, the original's block-diagonal
+attention). The encodings see each frame's own grid (the segment's ``PosContext(shape=(h, w))``, no
+mask; additive input codes and a PEG between blocks per group), so a frame's output does not depend
+on the other frames, and it costs what the frame costs, not what the largest frame costs. A tower
+gives, for every packed token, its row in the virtual canvas (``cells``), as on the canvas path
+(``_common.to_canvas``), so tokens and positions move together by construction.
 
 Which path runs is the tower's ``path``: ``"canvas"``, ``"packed"``, or ``"auto"`` (the default:
 the canvas when every frame has one size, as in an equal-size batch or a fixed-size export, the
