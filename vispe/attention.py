@@ -14,7 +14,12 @@ checkpoints load) and adds, per call, a ``PosContext`` that says where the token
   "chunked" | "flex": a learned bias keeps SDPA's fused kernel on the CPU, see there);
 * key padding: ``ctx.key_padding_mask`` (B, L), True = padding, masks keys of padded tokens;
 * groups: ``attn_mask`` may be a ``vispe.kernels.grouped.TokenGroups`` (index sets, e.g. the windows of a
-  frame): each token attends within its group, gathered, with no mask (no bias or padding with it).
+  frame): each token attends within its group, gathered, with no mask (no bias or padding with it);
+* packed: ``ctx.segments`` (``Segment``s: frames of several grids one after another in one sequence
+  x (1, T, C), the converted towers' packed path): q, k, v are projected once over all T tokens, and
+  only attention is split: per segment a view (frames, heads, P + h*w, hd), the encoding on the
+  segment's own grid (``seg.ctx``: ``rope.rotate_qk`` / the bias per segment), ``attn_mask[i]`` (None,
+  a mask or a ``TokenGroups`` of one frame's windows) and SDPA, then one ``cat``; ``ctx.pos`` (1, T, C).
 
 Cross-attention (DETR's decoder): ``attn(x, ctx=query_ctx, memory=m, memory_ctx=memory_ctx)``
 takes q from ``x`` (B, Lq, C) and k, v from ``memory`` (B, Lk, C) with the same fused weights
@@ -70,6 +75,7 @@ class PosContext:
     spatial: torch.Tensor | None = None  # (B|1, L, C) spatial code appended per head to q / k (Conditional DETR)
     coords: torch.Tensor | None = None  # (B|1, L, 2) unit (y, x) of tokens without a grid (rotary cross-attention)
     memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)  # tables shared by the layers
+    segments: tuple[Segment, ...] | None = None  # a packed sequence (1, T, C): frames of several grids (Segment)
 
     @property
     def key_padding_mask(self) -> torch.Tensor | None:  # (B, P + h*w) True = padding
@@ -82,6 +88,28 @@ class PosContext:
         # A fully padded sequence would give NaN (softmax over no key): let it attend everywhere;
         # its outputs are padding and are ignored downstream.
         return kpm & ~kpm.all(dim=1, keepdim=True)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """``frames`` frames of one grid lying one after another in a packed sequence from row ``start``, each
+    frame's P + h*w tokens contiguous; ``ctx`` is one frame's grid (shape, prefix tokens, mask
+    (frames, h, w) or None) and its own memo, so every encoding keeps its meaning per frame."""
+
+    start: int
+    frames: int
+    ctx: PosContext
+
+    def __post_init__(self) -> None:
+        if self.ctx.shape is None or self.frames < 1 or self.start < 0 or self.ctx.segments is not None:
+            raise ValueError(f"Segment(start={self.start}, frames={self.frames}, shape={self.ctx.shape}): expected "
+                             "start >= 0, frames >= 1 and a context with a grid (no nested segments)")
+
+    @property
+    def length(self) -> int:
+        """Tokens of one frame (prefix and grid)."""
+        h, w = cast(tuple[int, int], self.ctx.shape)
+        return self.ctx.num_prefix_tokens + h * w
 
 
 class Attention(TimmAttention):
@@ -141,39 +169,50 @@ class Attention(TimmAttention):
             raise ValueError(f"pe has num_heads={pe.num_heads}: expected {self.num_heads}")
         self.pe = pe
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
+    def forward(self, x: torch.Tensor, attn_mask: Any = None, is_causal: bool = False,
                 ctx: PosContext | None = None, *, memory: torch.Tensor | None = None,
                 memory_ctx: PosContext | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
         """Self-attention over ``x`` (B, L, C), or cross-attention from ``x`` to ``memory`` (B, Lk, C);
-        ``bias`` (B|1, heads, L, Lk) is added to the logits."""
-        B, L, C = x.shape
-        if memory is None:
-            if memory_ctx is not None:
-                raise ValueError("memory_ctx is given without memory: expected memory=(B, Lk, C) for cross-attention")
-            if ctx is not None and (ctx.spatial is not None or ctx.coords is not None):
-                raise ValueError("ctx.spatial / ctx.coords are for cross-attention (queries against a memory "
-                                 "grid): expected memory=... or a context without them")
-            if self.q_pos is not None or self.k_pos is not None:
-                q, k, v = self._cross_qkv(x, ctx, x, ctx)  # decoupled projections: q, k, v apart
-                qk = torch.stack([self.q_norm(q), self.k_norm(k)])  # (2, B, heads, L, hd)
-            else:
-                qk, v = self._qkv(x, ctx)  # (2, B, heads, L, hd), (B, heads, L, hd)
-                qk = self._norm_qk(qk)
-            kv_ctx = ctx
-        else:
+        ``bias`` (B|1, heads, L, Lk) is added to the logits. With ``ctx.segments`` (a packed sequence,
+        B = 1) ``attn_mask`` is None or one mask per segment (module docstring)."""
+        if memory is not None:
             q, k, v = self._cross_qkv(x, ctx, memory, memory_ctx)  # q (B, heads, L, hd); k, v (B, heads, Lk, hd)
-            qk = None
             q, k = self.q_norm(q), self.k_norm(k)
-            kv_ctx = memory_ctx
             if self.pe is not None:  # rotary (set_pe and _cross_qkv refuse the rest)
                 q, k = self._rotate_cross(q, k, ctx, memory_ctx)
             q, k = self._spatial(q, k, ctx, memory_ctx)
-        logit_bias: torch.Tensor | relative_bias.RelativeBias | None = bias  # (B|1, heads, L, Lk) or a table
-        if self.pe is not None and memory is None:
+            return self._out(self._attend(q, k, v, bias, attn_mask, memory_ctx, is_causal))
+        if memory_ctx is not None:
+            raise ValueError("memory_ctx is given without memory: expected memory=(B, Lk, C) for cross-attention")
+        if ctx is not None and (ctx.spatial is not None or ctx.coords is not None):
+            raise ValueError("ctx.spatial / ctx.coords are for cross-attention (queries against a memory "
+                             "grid): expected memory=... or a context without them")
+        if self.q_pos is not None or self.k_pos is not None:
+            q, k, v = self._cross_qkv(x, ctx, x, ctx)  # decoupled projections: q, k, v apart
+            qk = torch.stack([self.q_norm(q), self.k_norm(k)])  # (2, B, heads, L, hd)
+        else:
+            qk, v = self._qkv(x, ctx)  # (2, B, heads, L, hd), (B, heads, L, hd)
+            qk = self._norm_qk(qk)
+        if ctx is not None and ctx.segments is not None:
+            return self._out(self._attend_segments(qk, v, ctx.segments, attn_mask, bias, is_causal))  # (1, T, C)
+        q, k, logit_bias = self._encode(qk, ctx, bias)
+        return self._out(self._attend(q, k, v, logit_bias, attn_mask, ctx, is_causal))
+
+    def _out(self, x: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs (B, heads, L, hd), or already merged (B, L, heads*hd), normed and projected.  # (B, L, C)"""
+        if x.dim() == 4:
+            x = x.transpose(1, 2).reshape(x.shape[0], x.shape[2], self.attn_dim)  # (B, L, heads*hd)
+        return self.proj_drop(self.proj(self.norm(x)))
+
+    def _encode(self, qk: torch.Tensor, ctx: PosContext | None, bias: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | relative_bias.RelativeBias | None]:
+        """The layer's ``pe`` on self-attention's q and k (2, B, heads, L, hd) on the grid of ``ctx``: q, k
+        rotated (rotary), or the logits bias (bias; with a caller's ``bias``, their dense sum)."""
+        logit_bias: torch.Tensor | relative_bias.RelativeBias | None = bias  # (B|1, heads, L, L) or a table
+        if self.pe is not None:
             if ctx is None or ctx.shape is None:
                 raise ValueError(f"this layer has a {self.pe.family} encoding: expected a PosContext "
                                  "(ctx=...) giving the token grid")
-            assert qk is not None  # self-attention: q and k stacked above
             if self.pe.family == "rotary":
                 qk = rope.rotate_qk(self.pe, qk, ctx.shape, ctx.mask, ctx.num_prefix_tokens, memo=ctx.memo,
                                     impl=self.rope_impl)  # (2, B, heads, L, hd)
@@ -184,8 +223,14 @@ class Attention(TimmAttention):
                 else:  # with a caller's bias: the dense sum
                     dense = pe_bias.dense() if isinstance(pe_bias, relative_bias.RelativeBias) else pe_bias
                     logit_bias = dense + bias
-        if qk is not None:
-            q, k = qk.unbind(0)
+        q, k = qk.unbind(0)
+        return q, k, logit_bias
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                logit_bias: torch.Tensor | relative_bias.RelativeBias | None, attn_mask: Any, kv_ctx: PosContext | None, is_causal: bool) -> torch.Tensor:
+        """SDPA of q (B, heads, L, hd) over k, v (B, heads, Lk, hd) with the keys' padding (``kv_ctx``), the
+        logits bias, ``attn_mask`` (a mask or a ``TokenGroups``).  # (B, heads, L, hd)"""
+        B = q.shape[0]
         kpm = kv_ctx.key_padding_mask if kv_ctx is not None else None
         if kpm is not None and kpm.shape != (B, k.shape[-2]):
             raise ValueError(f"the padding mask covers {tuple(kpm.shape)} (B, keys): expected ({B}, {k.shape[-2]})")
@@ -194,17 +239,40 @@ class Attention(TimmAttention):
             if logit_bias is not None or kpm is not None or is_causal:
                 raise ValueError("attn_mask is a TokenGroups (attention inside index sets): expected no bias, no "
                                  "padding mask and is_causal=False with it (use a boolean attn_mask for those)")
-            x = attn_mask.attend(q, k, v, dropout_p=dropout_p)  # (B, heads, L, hd)
-        elif isinstance(logit_bias, relative_bias.RelativeBias):  # (B, heads, L, hd)
-            x = relative_bias.attend_relative(q, k, v, logit_bias, attn_mask=attn_mask, key_padding_mask=kpm,
-                                              dropout_p=dropout_p, is_causal=is_causal, impl=self.bias_impl)
-        else:
-            x = bias_attention.attend(q, k, v, bias=logit_bias, attn_mask=attn_mask, key_padding_mask=kpm,
-                                      dropout_p=dropout_p, is_causal=is_causal, impl=self.bias_impl)
-        x = x.transpose(1, 2).reshape(B, L, self.attn_dim)  # (B, L, heads*hd)
-        x = self.norm(x)
-        x = self.proj(x)
-        return self.proj_drop(x)
+            return attn_mask.attend(q, k, v, dropout_p=dropout_p)  # (B, heads, L, hd)
+        if isinstance(logit_bias, relative_bias.RelativeBias):  # (B, heads, L, hd)
+            return relative_bias.attend_relative(q, k, v, logit_bias, attn_mask=attn_mask, key_padding_mask=kpm,
+                                                 dropout_p=dropout_p, is_causal=is_causal, impl=self.bias_impl)
+        return bias_attention.attend(q, k, v, bias=logit_bias, attn_mask=attn_mask, key_padding_mask=kpm,
+                                     dropout_p=dropout_p, is_causal=is_causal, impl=self.bias_impl)
+
+    def _attend_segments(self, qk: torch.Tensor, v: torch.Tensor, segments: tuple[Segment, ...],
+                         attn_mask: Any, bias: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
+        """Self-attention of a packed sequence inside each segment: q, k, v (one split each, views) as
+        (frames, heads, P + h*w, hd), the layer's ``pe`` on the segment's grid, the segment's mask
+        (``attn_mask[i]``), the outputs back in one ``cat``.  # (1, T, heads*hd)"""
+        if qk.shape[1] != 1 or bias is not None or is_causal:
+            raise ValueError(f"ctx.segments (a packed sequence): expected x of one row (B=1, got {qk.shape[1]}), no "
+                             "bias and is_causal=False")
+        masks = [None] * len(segments) if attn_mask is None else list(attn_mask)
+        if len(masks) != len(segments):
+            raise ValueError(f"attn_mask has {len(masks)} entries: expected None or one per segment ({len(segments)})")
+        rows, start = [], 0
+        for i, seg in enumerate(segments):
+            if seg.start != start:
+                raise ValueError(f"ctx.segments[{i}].start={seg.start}: expected {start} (segments one after the other)")
+            rows.append(seg.frames * seg.length)
+            start += rows[-1]
+        if start != qk.shape[-2]:
+            raise ValueError(f"ctx.segments cover {start} tokens: expected the sequence's {qk.shape[-2]}")
+        outs = []
+        for seg, qk_s, v_s, mask in zip(segments, qk.split(rows, dim=-2), v.split(rows, dim=-2), masks):
+            qk_s = qk_s.squeeze(1).unflatten(2, (seg.frames, seg.length)).transpose(1, 2)  # (2, S, heads, n, hd)
+            v_s = v_s.squeeze(0).unflatten(1, (seg.frames, seg.length)).transpose(0, 1)  # (S, heads, n, hd)
+            q, k, logit_bias = self._encode(qk_s, seg.ctx, None)
+            o = self._attend(q, k, v_s, logit_bias, mask, seg.ctx, False)  # (S, heads, n, hd)
+            outs.append(o.transpose(1, 2).reshape(-1, self.attn_dim))  # (S*n, heads*hd)
+        return torch.cat(outs)[None]  # (1, T, heads*hd)
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:  # (B, L, A) -> (B, heads, L, head_dim)
         return t.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)

@@ -53,9 +53,10 @@ def tables_for(pe, shape: tuple[int, int], mask: torch.Tensor | None, num_prefix
     """``(cos, sin, angles)`` of rotary encoding ``pe`` for P prefix + ``shape`` grid tokens.
 
     ``angles`` (prefix rows at 0) is returned only when it needs a gradient (learned angles), else
-    None. Fixed angles (``pe.fixed_key()`` is not None) are computed once: without a mask they stay
-    in ``pe``'s table cache across forward passes; with one, ``memo`` (``PosContext.memo``, one per
-    forward pass) shares them between the layers.  # (B|1, H|1, P+N, d/2) each
+    None. Fixed angles (``pe.fixed_key()`` is not None) are computed once: ``memo`` (``PosContext.memo``,
+    one per forward pass) shares them between the layers (a packed batch's many grid sizes would evict
+    each other from ``pe``'s small cache), and without a mask they also stay in ``pe``'s table cache
+    across forward passes.  # (B|1, H|1, P+N, d/2) each
     """
     key = pe.fixed_key() if hasattr(pe, "fixed_key") else None
     P = num_prefix_tokens
@@ -65,12 +66,12 @@ def tables_for(pe, shape: tuple[int, int], mask: torch.Tensor | None, num_prefix
 
     if key is not None and not torch.compiler.is_compiling():
         full = ("rope_tables", key, tuple(shape), P, device)
-        if mask is None:
-            return (*pe.cached(full, build), None)
-        if memo is not None:
-            if full not in memo:
-                memo[full] = build()
+        if memo is not None and full in memo:  # this forward pass's tables: every layer, every grid size
             return (*memo[full], None)
+        tables = pe.cached(full, build) if mask is None else build()
+        if memo is not None:
+            memo[full] = tables
+        return (*tables, None)
     angles = pe(shape, mask, device=device)  # (B|1, H|1, N, d/2) float32
     if not (angles.requires_grad and torch.is_grad_enabled()):
         return (*rope_tables(angles, P), None)

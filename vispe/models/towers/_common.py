@@ -229,7 +229,8 @@ class Tower(nn.Module):
 
     def run_blocks(self, x: torch.Tensor, ctx: PosContext, attn_masks: dict | None = None, on_state=None,
                    on_block=None):
-        """The blocks over the canvas ``x`` (S, P + h*w, C); ``attn_masks`` {block index: SDPA mask}
+        """The blocks over the canvas ``x`` (S, P + h*w, C), or a packed sequence (1, T, C) with ``ctx.segments``
+        (``_packed.run_packed``); ``attn_masks`` {block index: SDPA mask, or one per segment}
         (window attention); ``on_state(x)`` is called with the input and every block's output,
         ``on_block(i, x)`` with block i's output."""
         attn_masks = attn_masks or {}
@@ -246,6 +247,10 @@ class Tower(nn.Module):
         return x
 
     def _apply_peg(self, x: torch.Tensor, ctx: PosContext) -> torch.Tensor:
+        if ctx.segments is not None:  # a packed sequence (1, T, C): the PEG per segment, on its frames' grid
+            parts = x[0].split([s.frames * s.length for s in ctx.segments])
+            return torch.cat([self._apply_peg(p.reshape(s.frames, s.length, -1), s.ctx).reshape(-1, x.shape[-1])
+                              for p, s in zip(parts, ctx.segments)])[None]  # (1, T, C)
         P, (h, w) = ctx.num_prefix_tokens, ctx.shape
         grid = x[:, P:].transpose(1, 2).reshape(x.shape[0], -1, h, w)  # (S, C, h, w)
         grid = grid + self.pe(grid, ctx.mask)

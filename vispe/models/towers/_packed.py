@@ -1,14 +1,17 @@
 """The packed path of the converted towers (private): frames of different sizes run without a canvas.
 
 A packed batch (Qwen's ``grid_thw`` sequence, Pixtral's images of several sizes) is regrouped by
-frame size: the frames of one (h, w) form one group, stacked as (S_g, h*w, C) in raster order with
-no padding, and every group runs the tower's blocks on its own (norms and MLPs per token, attention
-batched over the group's frames: each frame attends within itself only, the original's
-block-diagonal attention). The encodings see each frame's own grid (``PosContext(shape=(h, w))``,
-no mask), so a frame's output does not depend on the other frames, and it costs what the frame
-costs, not what the largest frame costs. The groups lie one after the other in a "virtual canvas"
-(T, C) with no empty cell: a tower gives, for every packed token, its row there (``cells``), as on
-the canvas path (``_common.to_canvas``), so tokens and positions move together by construction.
+frame size: the frames of one (h, w) form one group, in raster order with no padding, the groups one
+after the other in a "virtual canvas" (T, C) with no empty cell. The blocks run once over that whole
+sequence (1, T, C), as the originals run theirs over ``cu_seqlens``: every per-token layer (qkv, proj,
+norms, MLP) over all T tokens at once, and only attention split by group (``PosContext.segments``, one
+``vispe.attention.Segment`` per group: q, k, v viewed as (frames, heads, h*w, hd), SDPA batched over
+the group's frames, so each frame attends within itself only, the original's block-diagonal
+attention). The encodings see each frame's own grid (the segment's ``PosContext(shape=(h, w))``, no
+mask; additive input codes and a PEG between blocks per group), so a frame's output does not depend
+on the other frames, and it costs what the frame costs, not what the largest frame costs. A tower
+gives, for every packed token, its row in the virtual canvas (``cells``), as on the canvas path
+(``_common.to_canvas``), so tokens and positions move together by construction.
 
 Which path runs is the tower's ``path``: ``"canvas"``, ``"packed"``, or ``"auto"`` (the default:
 the canvas when every frame has one size, as in an equal-size batch or a fixed-size export, the
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from vispe.attention import PosContext
+from vispe.attention import PosContext, Segment
 
 PATHS = ("auto", "packed", "canvas")
 
@@ -45,27 +48,32 @@ def group_frames(sizes: list[tuple[int, int]]) -> tuple[list[tuple[tuple[int, in
     return [(s, len(idx)) for s, idx in members.items()], start
 
 
-def run_groups(tower, virtual: torch.Tensor, groups, *, prep=None, window=None, keep_states: bool = False):
-    """The tower's blocks over each group of the virtual canvas ``virtual`` (T, C): ``input_code``
-    (the frame's own grid), ``prep`` (e.g. a pre-norm), the blocks (``window(shape)``: {block: its
-    ``attn_mask``} inside a frame of that shape, e.g. Qwen2.5-VL's windows as ``TokenGroups``). Returns the output (T, C) and, with ``keep_states``, the
-    input and every block's output (each (T, C), virtual rows)."""
-    outs: list[torch.Tensor] = []
-    states: list[list[torch.Tensor]] = []
+def run_packed(tower, virtual: torch.Tensor, groups, *, prep=None, window=None, keep_states: bool = False):
+    """The tower's blocks once over the virtual canvas ``virtual`` (T, C), as the originals run them over
+    their packed sequence: ``input_code`` per group (each frame's own grid), ``prep`` (e.g. a pre-norm)
+    and every block over all T tokens at once as (1, T, C); only attention is split, per size group
+    (``PosContext.segments``: one ``Segment`` per group, its own ``PosContext((h, w))``; ``window(shape)``:
+    {block: its ``attn_mask``} inside a frame of that shape, e.g. Qwen2.5-VL's windows as ``TokenGroups``).
+    Returns the output (T, C) and, with ``keep_states``, the input and every block's output (each (T, C),
+    virtual rows)."""
+    xs, codes, segments, masks = [], [], [], []
     row = 0
-    for (h, w), frames in groups:
+    parts = virtual.split([frames * h * w for (h, w), frames in groups])  # views; one cat in backward
+    for ((h, w), frames), part in zip(groups, parts):
         n = frames * h * w
-        x = virtual[row:row + n].reshape(frames, h * w, -1)  # (S_g, h*w, C)
+        x, pos = tower.input_code(part.reshape(frames, h * w, -1), (h, w), None)  # (S_g, h*w, C)
+        xs.append(x.reshape(n, -1))
+        if pos is not None:
+            codes.append(pos.expand(frames, -1, -1).reshape(n, -1))  # (S_g*h*w, C)
+        segments.append(Segment(row, frames, PosContext((h, w), 0, None)))
+        masks.append(window((h, w)) if window else {})
         row += n
-        x, pos = tower.input_code(x, (h, w), None)
-        if prep is not None:
-            x = prep(x)
-        seen: list[torch.Tensor] = []
-        x = tower.run_blocks(x, PosContext((h, w), 0, None, pos), window((h, w)) if window else None,
-                             (lambda s: seen.append(s.reshape(n, -1))) if keep_states else None)
-        outs.append(x.reshape(n, -1))
-        states.append(seen)
-    out = torch.cat(outs)  # (T, C)
-    if not keep_states:
-        return out, None
-    return out, [torch.cat([s[k] for s in states]) for k in range(len(states[0]))]
+    x = torch.cat(xs)[None]  # (1, T, C)
+    if prep is not None:
+        x = prep(x)
+    ctx = PosContext(None, 0, None, torch.cat(codes)[None] if codes else None, segments=tuple(segments))
+    blocks = {i for m in masks for i in m}
+    attn_masks = {i: tuple(m.get(i) for m in masks) for i in blocks}  # {block: one mask per segment}
+    seen: list[torch.Tensor] = []
+    out = tower.run_blocks(x, ctx, attn_masks, (lambda s: seen.append(s[0])) if keep_states else None)
+    return out[0], (seen if keep_states else None)

@@ -31,7 +31,7 @@ import torch
 from vispe.attention import PosContext
 from vispe.models.towers import register_tower
 from vispe.models.towers._common import Tower, model_output, output_flags
-from vispe.models.towers._packed import choose_path, group_frames, run_groups
+from vispe.models.towers._packed import choose_path, group_frames, run_packed
 from vispe.models.towers.siglip2 import siglip_blocks
 
 NATIVE = dict(interpolation="bucket", mask_aware=True, pad_value="first")
@@ -101,7 +101,7 @@ class Idefics3VisionTower(Tower):
             cells = torch.arange(a, device=x.device)[:, None] * w + torch.arange(b, device=x.device)  # (a, b) raster
             src[start[i]:start[i] + a * b] = i * h * w + cells.flatten()
         flat = x.flatten(2).transpose(1, 2).reshape(B * h * w, C)  # (B*h*w, C)
-        out, seen = run_groups(self, flat[src], groups, keep_states=hidden)  # (T, C)
+        out, seen = run_packed(self, flat[src], groups, keep_states=hidden)  # (T, C)
         back = lambda v: x.new_zeros(B * h * w, C).index_copy(0, src, v).view(B, h * w, C)  # noqa: E731
         last = self.post_layernorm(back(out))  # (B, h*w, C)
         if mask is not None:

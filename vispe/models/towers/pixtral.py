@@ -28,7 +28,7 @@ from torch import nn
 from vispe.attention import PosContext
 from vispe.models.towers import register_tower
 from vispe.models.towers._common import Tower, TowerBlock, check_inv_freq, model_output, output_flags, vispe_attention
-from vispe.models.towers._packed import choose_path, group_frames, run_groups
+from vispe.models.towers._packed import choose_path, group_frames, run_packed
 
 
 class PatchConv(nn.Module):
@@ -128,7 +128,7 @@ class PixtralTower(Tower):
                 parts[i] = crop[j]
         order = sorted(range(len(sizes)), key=lambda i: start[i])
         virtual = torch.cat([parts[i] for i in order])  # (T, C) grouped by size
-        out, states = run_groups(self, virtual, groups, prep=self.ln_pre, keep_states=hidden)
+        out, states = run_packed(self, virtual, groups, prep=self.ln_pre, keep_states=hidden)
         rows = torch.cat([torch.arange(start[i], start[i] + h * w, device=x.device) for i, (h, w) in enumerate(sizes)])
 
         def pack(t: torch.Tensor) -> torch.Tensor:  # virtual (T, C) -> (1, T, C), images in input order

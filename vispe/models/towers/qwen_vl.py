@@ -60,7 +60,7 @@ from vispe.models.towers._common import (
     output_flags,
     to_canvas,
 )
-from vispe.models.towers._packed import choose_path, group_frames, run_groups
+from vispe.models.towers._packed import choose_path, group_frames, run_packed
 
 
 def merge_block_cells(h: int, w: int, m: int, *, device=None) -> torch.Tensor:
@@ -223,7 +223,7 @@ class QwenVisionTower(Tower):
         cells_t, order_t = torch.cat(cells), torch.cat(order)  # (T,), (T,)
         virtual = torch.zeros_like(x).index_copy(0, cells_t, x)  # (T, C) frames grouped by size, raster
         window = (lambda shape: self._windows(shape, None, x.device)) if self.windowed else None
-        out, states = run_groups(self, virtual, groups, window=window, keep_states=hidden or self.deepstack)
+        out, states = run_packed(self, virtual, groups, window=window, keep_states=hidden or self.deepstack)
         last = out[order_t]  # (T, C) the original's output order
         pooled = self.merger(out[cells_t] if self.windowed else last)  # (T / m^2, out)
         deep = [merger(states[i + 1][cells_t])

@@ -60,7 +60,7 @@ from vispe.models.towers._common import (
     to_canvas,
     vispe_attention,
 )
-from vispe.models.towers._packed import choose_path, group_frames, run_groups
+from vispe.models.towers._packed import choose_path, group_frames, run_packed
 
 NATIVE = dict(interpolation="bilinear", antialias="always", mask_aware=True, pad_value="first")
 
@@ -154,7 +154,7 @@ class Siglip2VisionTower(Tower):
             src = torch.empty(sum(h * w for h, w in sizes), dtype=torch.long, device=x.device)  # (T,) virtual row -> slot
             for b, (h, w) in enumerate(sizes):
                 src[start[b]:start[b] + h * w] = b * L + torch.arange(h * w, device=x.device)
-            out, seen = run_groups(self, x.reshape(B * L, D)[src], groups, keep_states=hidden)  # (T, D)
+            out, seen = run_packed(self, x.reshape(B * L, D)[src], groups, keep_states=hidden)  # (T, D)
             back = lambda v: x.new_zeros(B * L, D).index_copy(0, src, v).view(B, L, D)  # noqa: E731  padded: 0
             states = [back(v) for v in seen] if hidden and seen else None
             x = back(out)
