@@ -4,7 +4,7 @@
 
 For each task with a sweep folder it writes the sweep's report (vispe.report), merges its tidy
 ``results.csv`` into ``results/compare/data/<task>.csv`` (vispe.sweep.collect.merge_tables: runs
-committed from folders that are gone stay), the per-epoch metrics of its finished runs into
+committed from folders that are gone stay; only finished runs' rows, integers as integers: tidy.py), the per-epoch metrics of its finished runs into
 ``data/<task>_curves.csv``, draws the merged metric-vs-size plot into ``figures/``, then rewrites
 every block ``<!-- BEGIN name -->`` ... ``<!-- END name -->`` of the Markdown files here from those
 CSVs (the prose around the blocks is written by hand).
@@ -32,6 +32,7 @@ from vispe.sweep import trace  # noqa: E402
 from vispe.sweep.collect import merge_tables  # noqa: E402
 
 import freshness  # noqa: E402  (results/compare/freshness.py, beside this file)
+import tidy  # noqa: E402  (beside this file: finished runs only, integers as integers)
 from blocks import BLOCKS, SWEEPS  # noqa: E402  (beside this file: what this script merges and writes)
 from current import TASKS, load  # noqa: E402  (beside this file)
 
@@ -124,16 +125,21 @@ def main(argv=None) -> int:
         if not (sweep / "sweep.json").is_file():
             continue
         report.write_report(sweep)  # the sweep folder's own report of the runs there
-        fresh = pd.read_csv(sweep / "results.csv")
-        df = merge_tables(load(task), fresh)  # committed runs whose folders are gone stay
-        df.to_csv(HERE / "data" / f"{task}.csv", index=False)
+        fresh, csv = pd.read_csv(sweep / "results.csv"), HERE / "data" / f"{task}.csv"
+        ints = tidy.integer_columns(tidy.read_table(sweep / "results.csv"), tidy.read_table(csv) if csv.is_file() else None)
+        df = tidy.finished_only(merge_tables(load(task), fresh), task)  # committed runs whose folders are gone stay
+        if df.empty:
+            print(f"{task}: no finished run: data/{task}.csv not written", file=sys.stderr)
+            continue
+        tidy.keep_integers(df, ints).to_csv(csv, index=False)
         write_code(task, sweep, fresh, df)
         curves, hist = HERE / "data" / f"{task}_curves.csv", report.histories(sweep, fresh)
-        old = pd.read_csv(curves) if curves.is_file() else pd.DataFrame(columns=["run"])
+        old = tidy.read_table(curves) if curves.is_file() else pd.DataFrame(columns=["run"])
         kept = set(df["run"]) - set(hist["run"] if len(hist) else [])
-        hist = pd.concat([old[old["run"].isin(kept)], hist], ignore_index=True)
-        if not hist.empty:
-            hist.to_csv(curves, index=False)
+        parts = [p for p in (old[old["run"].isin(kept)], hist) if len(p)]  # an empty frame would make its ints floats
+        if parts:
+            hist = pd.concat(parts, ignore_index=True)
+            tidy.keep_integers(hist, tidy.integer_columns(*parts)).to_csv(curves, index=False)
         summ = report.summarize(df)
         if not summ.empty:
             fig = report.plot_vs_size(summ, str(df["metric"].iloc[0]))
