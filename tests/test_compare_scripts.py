@@ -121,11 +121,11 @@ def test_deformable_script_asks_for_the_rows_its_table_names(tmp_path):
     runs of its CSV (when there is one) are among its points."""
     import sys as _sys
     _sys.path.insert(0, str(HERE))
-    import update
+    import tables_detr
 
     points = recorded_points("run_detr_deformable.sh", tmp_path)
     names = {n for n, _ in points}
-    assert len(points) == 24 and {n.rsplit("_seed", 1)[0] for n in names} == {r for _, r, _ in update.DEFORMABLE_ROWS}
+    assert len(points) == 24 and {n.rsplit("_seed", 1)[0] for n in names} == {r for _, r, _ in tables_detr.DEFORMABLE_ROWS}
     if (HERE / "data" / "shapes_deformable_detr.csv").is_file():
         assert csv_runs("shapes_deformable_detr.csv") <= names
     for name, cfg in points:

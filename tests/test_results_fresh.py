@@ -340,3 +340,43 @@ def test_a_csv_of_the_table3_recipe_follows_its_config_not_the_default(repo):
     assert states(repo) == {"shapes_detr.csv": "fresh", "shapes_detr_init.csv": "fresh"}
     commit_change(repo, "configs/shapes_detr_table3.yaml")
     assert states(repo) == {"shapes_detr.csv": "STALE, NOT MARKED", "shapes_detr_init.csv": "STALE, NOT MARKED"}
+
+
+def test_remark_compares_each_run_against_its_rows_commits_not_the_marks(repo, monkeypatch):
+    """--remark's default: each smoke run of encoding ``pe`` against the commits of the CSV's rows of ``pe``
+    (the commits its ``head`` pins are written against), not the commit the old mark was made at."""
+    import remark
+    import same_numbers
+
+    a = git(repo, "rev-parse", "HEAD")
+    b = commit_change(repo, "vispe/detr.py")
+    c = commit_change(repo, "vispe/attention.py")
+    rel = "results/compare/data/digits_cell.csv"
+    (repo / rel).write_text(f"run,encoding,acc,commit\nsine_seed0,sine,0.5,{a}\nrope_seed0,rope,0.5,{b}\n"
+                            f"rope_seed1,rope,0.5,{a}\n")
+    spec = {"config": "configs/digits_cell.yaml", "runs": [{"pe": "sine"}, {"pe": "rope"}, {"pe": "other"}]}
+    (repo / freshness.MARKS).write_text(json.dumps({rel: {"commits": [a, b], "reason": "why", "smoke": spec,
+                                                          "at": c}}))
+    asked: list[tuple[str, str]] = []
+
+    def numbers(tree, config, pe, overrides, out, imports=None):
+        if imports is not None:
+            imports.write_text(json.dumps([str(repo / "vispe" / "attention.py")]))
+        else:
+            asked.append((pe, tree.name))
+        return {"acc": 0.5 if imports is not None or (pe, tree.name) != ("rope", b) else 0.25}
+
+    monkeypatch.setattr(same_numbers, "snapshot", lambda sha: repo / "runs" / sha)
+    monkeypatch.setattr(same_numbers, "numbers", numbers)
+    logged: list[str] = []
+    assert remark.remark("digits_cell", root=repo, log=logged.append) == 1  # rope differs from b's numbers
+    assert asked == [("sine", a), ("rope", b), ("rope", a), ("other", a), ("other", b)]  # no rows: every commit
+    assert f"rope ({b[:7]})" in logged[-1] and "files" not in freshness.load_marks(repo)[rel]
+    asked.clear()
+    assert remark.remark("digits_cell", against=c, root=repo, log=logged.append) == 0  # an explicit --against: all runs
+    assert asked == [("sine", c), ("rope", c), ("other", c)]
+    assert f"at {c[:7]} and " in freshness.load_marks(repo)[rel]["evidence"]
+    assert f"--against {c[:7]}" in freshness.load_marks(repo)[rel]["evidence"]
+    (repo / rel).write_text(f"run,encoding,acc,commit\nsine_seed0,sine,0.5,{a}+dirty\n")
+    with pytest.raises(ValueError, match=r"pe='sine'.*\+dirty.*--against"):
+        remark.remark("digits_cell", root=repo, log=logged.append)

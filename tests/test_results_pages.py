@@ -36,3 +36,14 @@ def test_every_results_csv_has_its_status_on_a_page():
 def test_a_status_block_names_an_existing_csv():
     with pytest.raises(ValueError, match="no CSV"):
         update.render("<!-- BEGIN freshness:nope -->\n<!-- END freshness:nope -->\n")
+
+
+def test_the_registry_of_blocks_is_its_own_module(monkeypatch):
+    """results/compare/blocks.py holds what update.py merges and writes (SWEEPS, BLOCKS); update.py renders from it."""
+    import blocks
+
+    assert update.BLOCKS is blocks.BLOCKS and update.SWEEPS is blocks.SWEEPS
+    assert {"detr", "today_vs_old:digits_cell", "relbias_init", "leakage_vit", "provenance"} <= set(blocks.BLOCKS)
+    monkeypatch.setitem(blocks.BLOCKS, "probe:block", lambda: "| written |")
+    assert update.render("a\n<!-- BEGIN probe:block -->\nold\n<!-- END probe:block -->\n") == \
+        "a\n<!-- BEGIN probe:block -->\n| written |\n<!-- END probe:block -->\n"

@@ -34,6 +34,16 @@ def load(task: str) -> pd.DataFrame | None:
     return pd.read_csv(f) if f.is_file() else None
 
 
+def finished(df: pd.DataFrame | None, train_size: bool = True) -> pd.DataFrame | None:
+    """The finished runs' rows of ``df`` (at the training size only, by default) with their group; None when
+    none finished (a sweep folder of unfinished runs writes a table with no metric yet)."""
+    if df is None or "is_train_size" not in df:
+        return None
+    fin = df[df["status"] == "finished"]
+    fin = fin[fin["is_train_size"].astype(bool)] if train_size else fin
+    return None if fin.empty else report.add_group(fin)
+
+
 def _groups(df: pd.DataFrame | None) -> set[str]:
     """The groups with at least one finished run."""
     return set() if df is None else set(report.add_group(df[df["status"] == "finished"])["group"])

@@ -56,8 +56,8 @@ def _span(values) -> str:
 def caption(table: str = TABLE) -> str:
     """The README figure's caption, every figure in it from the CSV."""
     df = load(table)
-    summ = report.summarize(df)
-    if summ.empty:  # e.g. a sweep folder of unfinished runs merged in: nothing to say yet
+    summ = None if df is None else report.summarize(df)
+    if summ is None or summ.empty:  # e.g. a sweep folder of unfinished runs only (its CSV is not written): nothing yet
         return f"*(no finished runs in data/{table}.csv yet: `python results/compare/readme_figure.py` writes this caption)*"
     means = summ.pivot_table(index="group", columns="eval_size", values="mean")
     seeds = summ.groupby("group")["n"].max()

@@ -114,9 +114,20 @@ def collect(sweep_dir: str | Path, *, write: bool = True):
         df = df.reindex(columns=list(dict.fromkeys([*df.columns, *COLUMNS])))
     if write:
         tmp = sweep_dir / (RESULTS_FILE + ".tmp")
-        df.to_csv(tmp, index=False)
+        with_integers(df, rows).to_csv(tmp, index=False)
         tmp.replace(sweep_dir / RESULTS_FILE)
     return df
+
+
+def with_integers(df, rows: list[dict]):
+    """``df`` with each column whose values in ``rows`` are all integers as integers (``Int64``): a run that has not
+    finished has no evaluation size, steps, ..., and pandas makes such a column float (``16.0`` in the CSV)."""
+    out = df.copy()
+    for c in out.columns:
+        vals = [r[c] for r in rows if r.get(c) is not None]
+        if vals and all(isinstance(v, int) and not isinstance(v, bool) for v in vals) and out[c].dtype.kind == "f":
+            out[c] = out[c].astype("Int64")
+    return out
 
 
 def merge_tables(kept, fresh):
