@@ -18,18 +18,12 @@ PAGE = ROOT / "results" / "compare" / "detr_realtime.md"
 DESIGNS = (("shapes_rtdetr", "sincos2d"), ("shapes_rtdetr", "rope_mixed"), ("shapes_dfine", "sincos2d"))
 
 
-def _diffs(a: dict, b: dict, scale: float, base: float | None = None) -> list[float]:
-    """AP differences paired by seed: a at ``scale`` minus b at ``base`` (``scale`` when None)."""
-    base = scale if base is None else base
-    return [a[s, scale] - b[s, base] for s in sorted(s for s, c in a if c == scale and (s, base) in b)]
-
-
 def test_prose_claims_no_ranking_between_rows():
     assert "nothing here ranks `rope_mixed` against AIFI's sin-cos, or D-FINE against RT-DETR" in PAGE.read_text()
     for _, a, b in tables_realtime.PAIRS:
         ap_a, ap_b = tables_realtime._ap_by_seed(*a), tables_realtime._ap_by_seed(*b)
         for scale in (0.75, 1.0, 1.5):
-            d = _diffs(ap_a, ap_b, scale)
+            d = tables_realtime._paired(ap_a, ap_b, scale, scale)
             assert len(d) >= 2, f"{a} - {b} at {scale}x: fewer than two paired seeds"
             assert tables_realtime._verdict(d) == "within the seed spread", (a, b, scale, d)
 
@@ -38,7 +32,7 @@ def test_prose_claims_ap_falls_off_the_training_size_more_at_1_5x():
     assert "AP falls away from the training\nsize on both sides, much more at 1.5x than at 0.75x" in PAGE.read_text()
     for csv, run in DESIGNS:
         ap = tables_realtime._ap_by_seed(csv, run)
-        small, large = _diffs(ap, ap, 0.75, 1.0), _diffs(ap, ap, 1.5, 1.0)
+        small, large = tables_realtime._paired(ap, ap, 0.75, 1.0), tables_realtime._paired(ap, ap, 1.5, 1.0)
         assert len(small) >= 2 and len(large) >= 2
         assert tables_realtime._verdict(small).startswith("lower") and tables_realtime._verdict(large).startswith("lower")
         assert sum(large) / len(large) < 2 * sum(small) / len(small), (csv, run, small, large)

@@ -105,30 +105,28 @@ def _verdict(diffs: list[float]) -> str:
         "higher" if float(s.mean()) > 0 else "lower") + " by more than two standard errors"
 
 
+def _diff_row(label: str, scale: float, d: list[float]) -> str:
+    """One row of the paired table: differences ``d`` paired by seed, mean (+- sd), per seed, verdict."""
+    sd = f" +- {pd.Series(d).std():.3f}" if len(d) > 1 else ""
+    return f"| {label} | {scale}x | {sum(d) / len(d):+.3f}{sd} | {' / '.join(f'{x:+.3f}' for x in d)} | {_verdict(d)} |"
+
+
+def _paired(a: dict, b: dict, scale: float, base: float) -> list[float]:
+    """AP at ``scale`` in ``a`` minus AP at ``base`` in ``b``, over the seeds both have."""
+    return [a[s, scale] - b[s, base] for s in sorted(s for s, c in a if c == scale and (s, base) in b)]
+
+
 def paired_table() -> str:
     """Per pair of rows and evaluation scale: the AP difference paired by seed (mean +- sd, per seed) and
     a verdict; then per design, AP at 0.75x and 1.5x minus AP at 1x (the resolution question)."""
     lines = ["| comparison | scale | mean difference +- sd | per seed | verdict |", "|---|---|---|---|---|"]
     for label, a, b in PAIRS:
         ap_a, ap_b = _ap_by_seed(*a), _ap_by_seed(*b)
-        for scale in (0.75, 1.0, 1.5):
-            seeds = sorted(s for s, c in ap_a if c == scale and (s, scale) in ap_b)
-            if not seeds:
-                continue
-            d = [ap_a[s, scale] - ap_b[s, scale] for s in seeds]
-            sd = f" +- {pd.Series(d).std():.3f}" if len(d) > 1 else ""
-            lines.append(f"| {label} | {scale}x | {sum(d) / len(d):+.3f}{sd} | "
-                         f"{' / '.join(f'{x:+.3f}' for x in d)} | {_verdict(d)} |")
+        lines += [_diff_row(label, scale, d) for scale in (0.75, 1.0, 1.5) if (d := _paired(ap_a, ap_b, scale, scale))]
     for label, csv, run in (("RT-DETR, sin-cos", "shapes_rtdetr", "sincos2d"),
                             ("RT-DETR, `rope_mixed`", "shapes_rtdetr", "rope_mixed"),
                             ("D-FINE", "shapes_dfine", "sincos2d")):
         ap = _ap_by_seed(csv, run)
-        for scale in (0.75, 1.5):
-            seeds = sorted(s for s, c in ap if c == scale and (s, 1.0) in ap)
-            if not seeds:
-                continue
-            d = [ap[s, scale] - ap[s, 1.0] for s in seeds]
-            sd = f" +- {pd.Series(d).std():.3f}" if len(d) > 1 else ""
-            lines.append(f"| {label}: AP at {scale}x - at 1x | {scale}x | {sum(d) / len(d):+.3f}{sd} | "
-                         f"{' / '.join(f'{x:+.3f}' for x in d)} | {_verdict(d)} |")
+        lines += [_diff_row(f"{label}: AP at {scale}x - at 1x", scale, d)
+                  for scale in (0.75, 1.5) if (d := _paired(ap, ap, scale, 1.0))]
     return "\n".join(lines)
